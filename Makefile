@@ -1,0 +1,86 @@
+# omen — build, run, test. `make run` and `make test` set up what they need first.
+#
+# Everything installs from the package registries only (crates.io, PyPI, Debian apt).
+# Local tool folders (all git-ignored): .venv-ref (reference libraries for fixtures),
+# .venv-deploy (manifest validators), .tools (stamps).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+CARGO ?= cargo
+PYTHON ?= python3
+TOOLS := .tools
+REF_VENV := .venv-ref
+DEPLOY_VENV := .venv-deploy
+OMEN_CONFIG ?= deploy/omen.local.yaml
+
+.PHONY: setup setup-rust setup-apt setup-python run test test-rust test-fixtures test-ops lint fmt bench fixtures clean
+
+## setup: install everything the build, tests and `make run` need (idempotent)
+setup: setup-rust setup-apt setup-python
+
+setup-rust:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs is not reachable here; use the machine's toolchain)"; exit 1; }
+	@rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+
+$(TOOLS)/apt.stamp: scripts/apt-packages.txt
+	@mkdir -p $(TOOLS)
+	@missing=$$(for p in $$(grep -v '^#' scripts/apt-packages.txt); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@touch $@
+
+setup-apt: $(TOOLS)/apt.stamp
+
+$(REF_VENV)/.installed: scripts/requirements-reference.txt
+	$(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/pip install -q --disable-pip-version-check -r scripts/requirements-reference.txt
+	@touch $@
+
+$(DEPLOY_VENV)/.installed: scripts/requirements-deploy.txt
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install -q --disable-pip-version-check -r scripts/requirements-deploy.txt
+	@touch $@
+
+setup-python: $(REF_VENV)/.installed $(DEPLOY_VENV)/.installed
+
+## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1)
+run: setup-rust
+	$(CARGO) run --release -p omen-agent -- run --config $(OMEN_CONFIG)
+
+## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)
+test: setup test-rust test-fixtures test-ops
+
+test-rust:
+	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --release --test window_long_series
+
+test-fixtures: setup-python
+	$(REF_VENV)/bin/python scripts/gen_reference_vectors.py --check
+
+## test-ops: alerting rules and routing (promtool, amtool), dashboards, deploy manifests
+test-ops: setup-apt setup-python
+	bash scripts/test-alerting.sh
+	$(PYTHON) scripts/test-dashboards.py
+	bash scripts/test-deploy.sh
+
+## lint: formatting and clippy, warnings are errors
+lint: setup-rust
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## bench: criterion benchmarks of every crate
+bench: setup-rust
+	$(CARGO) bench --workspace
+
+## fixtures: regenerate the reference vectors from sacreBLEU, numpy, pandas and scipy
+fixtures: setup-python
+	$(REF_VENV)/bin/python scripts/gen_reference_vectors.py
+
+clean:
+	$(CARGO) clean
+	rm -rf $(TOOLS) $(REF_VENV)

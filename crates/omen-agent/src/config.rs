@@ -1,0 +1,484 @@
+//! `omen.yaml`: every key has a default; `omen check-config` reports every bad
+//! field by its path with the fix. Secrets come from environment variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Local SQLite store.
+    pub store: StoreConfig,
+    /// HTTP listeners and ingest.
+    pub http: HttpConfig,
+    /// Where samples come from.
+    pub sources: SourcesConfig,
+    /// Signal parameters.
+    pub signals: SignalsConfig,
+    /// Health score thresholds.
+    pub health: HealthConfig,
+    /// Time-to-breach forecasts.
+    pub forecast: ForecastConfig,
+    /// OTLP export.
+    pub otlp: Option<OtlpConfig>,
+}
+
+/// SQLite store location and retention.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Database file; its folder is created if missing.
+    pub path: PathBuf,
+    /// Days of raw samples kept.
+    pub raw_retention_days: u32,
+    /// Days of minute aggregates kept.
+    pub minute_retention_days: u32,
+    /// Days of day aggregates kept.
+    pub day_retention_days: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("/var/lib/omen/omen.db"),
+            raw_retention_days: 7,
+            minute_retention_days: 45,
+            day_retention_days: 400,
+        }
+    }
+}
+
+/// HTTP listeners.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// API, ingest and /metrics. Loopback by default.
+    pub listen: SocketAddr,
+    /// Optional second listener with only /metrics, /healthz and /readyz (for scraping and kubelet probes).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Environment variable holding the bearer token required on /v1/ingest/*; unset = no token.
+    pub ingest_token_env: Option<String>,
+    /// Largest accepted request body, bytes.
+    pub max_body_bytes: usize,
+    /// Ingest batches queued for the pipeline before pushes get 429.
+    pub ingest_queue: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".parse().expect("valid default address"),
+            metrics_listen: None,
+            ingest_token_env: None,
+            max_body_bytes: 8 << 20,
+            ingest_queue: 256,
+        }
+    }
+}
+
+/// Sample sources; each runs on its own interval.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourcesConfig {
+    /// Replay a recorded JSONL trace as if live.
+    pub trace: Option<TraceSourceConfig>,
+}
+
+/// Trace replay source.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSourceConfig {
+    /// JSONL trace file.
+    pub path: PathBuf,
+    /// Trace seconds per wall-clock second (0 = as fast as possible).
+    #[serde(default)]
+    pub speed: f64,
+}
+
+/// Signal parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SignalsConfig {
+    /// Window length of the anomaly score, in samples.
+    pub window: usize,
+    /// A window score at or below this is normal (risk 0).
+    pub anomaly_normal: f64,
+    /// A window score at or above this is full risk (1).
+    pub anomaly_full: f64,
+    /// Samples a change must hold (stay beyond 3 sigma of the old normal) before it counts.
+    pub persistence: usize,
+    /// How long a held change keeps its risk before the new level is taken as normal.
+    #[serde(with = "humantime_serde")]
+    pub latch: Duration,
+    /// RCI weights a, b, c.
+    pub rci_weights: RciWeightsConfig,
+}
+
+impl Default for SignalsConfig {
+    fn default() -> Self {
+        Self {
+            window: 60,
+            anomaly_normal: 4.0,
+            anomaly_full: 12.0,
+            persistence: 3,
+            latch: Duration::from_secs(3600),
+            rci_weights: RciWeightsConfig::default(),
+        }
+    }
+}
+
+/// RCI weights.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RciWeightsConfig {
+    /// a
+    pub bleu: f64,
+    /// b
+    pub semantic: f64,
+    /// c
+    pub repetition: f64,
+}
+
+impl Default for RciWeightsConfig {
+    fn default() -> Self {
+        Self { bleu: 0.4, semantic: 0.4, repetition: 0.2 }
+    }
+}
+
+/// Health score bands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Warning from here (inclusive).
+    pub warning: f64,
+    /// Critical from here (inclusive).
+    pub critical: f64,
+    /// How often the health score and forecasts are recomputed.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self { warning: 0.6, critical: 0.8, interval: Duration::from_secs(60) }
+    }
+}
+
+/// Forecasts of SLO indicators.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ForecastConfig {
+    /// Early-warning horizon, days.
+    pub horizon_days: f64,
+    /// Complete days needed before a forecast is made.
+    pub min_days: usize,
+    /// Days of history the trend uses.
+    pub lookback_days: usize,
+    /// Confidence of the trend interval.
+    pub confidence: f64,
+    /// The SLOs.
+    pub slos: Vec<SloConfig>,
+}
+
+impl Default for ForecastConfig {
+    fn default() -> Self {
+        Self {
+            horizon_days: 14.0,
+            min_days: 7,
+            lookback_days: 28,
+            confidence: 0.9,
+            slos: vec![
+                SloConfig::new("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above),
+                SloConfig::new("kv_usage", SloIndicator::KvUsage, 0.95, Direction::Above),
+                SloConfig::new("kvf", SloIndicator::Kvf, 1.8, Direction::Above),
+                SloConfig::new("vram_headroom", SloIndicator::VramHeadroom, 0.05, Direction::Below),
+                SloConfig::new("rci", SloIndicator::Rci, 0.5, Direction::Above),
+            ],
+        }
+    }
+}
+
+/// One SLO: a daily indicator and the threshold it must not cross.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloConfig {
+    /// Label value of `omen_forecast_days_to_breach{slo}`.
+    pub name: String,
+    /// Which daily aggregate is forecast.
+    pub indicator: SloIndicator,
+    /// Threshold.
+    pub threshold: f64,
+    /// Breach direction.
+    #[serde(default)]
+    pub direction: Direction,
+}
+
+impl SloConfig {
+    fn new(name: &str, indicator: SloIndicator, threshold: f64, direction: Direction) -> Self {
+        Self { name: name.into(), indicator, threshold, direction }
+    }
+}
+
+/// Daily SLO indicators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SloIndicator {
+    /// Daily p99 of canary TTFT (seconds).
+    TtftP99,
+    /// Daily p95 of the highest per-layer KV usage.
+    KvUsage,
+    /// Daily p95 of the highest per-layer KVF.
+    Kvf,
+    /// Daily minimum of 1 - used/total GPU memory, over GPUs.
+    VramHeadroom,
+    /// Daily mean RCI over canaries.
+    Rci,
+}
+
+/// Breach direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Breach above the threshold.
+    #[default]
+    Above,
+    /// Breach below.
+    Below,
+}
+
+/// OTLP metrics export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// gRPC endpoint, e.g. http://127.0.0.1:4317.
+    pub endpoint: String,
+    /// Export interval.
+    #[serde(default = "default_otlp_interval", with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+fn default_otlp_interval() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// One problem in a config file: the field's path and the fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigProblem {
+    /// Dotted path, e.g. `signals.window`.
+    pub path: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+impl Config {
+    /// Parses YAML; syntax and type errors carry the field's path.
+    pub fn from_yaml(text: &str) -> Result<Self, Vec<ConfigProblem>> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            vec![ConfigProblem {
+                path: if path == "." { "(top level)".into() } else { path },
+                message: e.into_inner().to_string(),
+            }]
+        })?;
+        let problems = config.validate();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Reads and validates a config file.
+    pub fn load(path: &std::path::Path) -> Result<Self, Vec<ConfigProblem>> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            vec![ConfigProblem {
+                path: path.display().to_string(),
+                message: format!("cannot read the config file: {e}"),
+            }]
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Every semantic problem, each with its path.
+    pub fn validate(&self) -> Vec<ConfigProblem> {
+        let mut p = Vec::new();
+        let mut bad = |path: &str, message: String| p.push(ConfigProblem { path: path.into(), message });
+        if self.store.path.as_os_str().is_empty() {
+            bad("store.path", "is empty; give a file path such as /var/lib/omen/omen.db".into());
+        }
+        if self.store.raw_retention_days == 0 {
+            bad(
+                "store.raw_retention_days",
+                "must be at least 1 (daily aggregates are built from raw samples)".into(),
+            );
+        }
+        if self.store.minute_retention_days < self.store.raw_retention_days {
+            bad("store.minute_retention_days", "must be >= store.raw_retention_days".into());
+        }
+        if (self.store.day_retention_days as usize) < self.forecast.lookback_days {
+            bad(
+                "store.day_retention_days",
+                format!("must be >= forecast.lookback_days ({})", self.forecast.lookback_days),
+            );
+        }
+        if self.http.max_body_bytes < 1024 {
+            bad(
+                "http.max_body_bytes",
+                format!("{} is too small; use at least 1024 (default 8388608)", self.http.max_body_bytes),
+            );
+        }
+        if self.http.ingest_queue == 0 {
+            bad("http.ingest_queue", "must be at least 1".into());
+        }
+        if let Some(var) = &self.http.ingest_token_env {
+            if var.is_empty() {
+                bad(
+                    "http.ingest_token_env",
+                    "is empty; name an environment variable, or remove the key".into(),
+                );
+            }
+        }
+        if let Some(t) = &self.sources.trace {
+            if !(t.speed >= 0.0 && t.speed.is_finite()) {
+                bad("sources.trace.speed", format!("{} must be >= 0 (0 = as fast as possible)", t.speed));
+            }
+        }
+        if self.signals.window < 3 {
+            bad(
+                "signals.window",
+                format!(
+                    "{} is too small; the skewness needs at least 3 samples (default 60)",
+                    self.signals.window
+                ),
+            );
+        }
+        if !(self.signals.anomaly_normal >= 0.0 && self.signals.anomaly_full > self.signals.anomaly_normal) {
+            bad("signals.anomaly_full", "must be greater than signals.anomaly_normal, both >= 0".into());
+        }
+        if self.signals.persistence == 0 {
+            bad("signals.persistence", "must be at least 1".into());
+        }
+        let w = &self.signals.rci_weights;
+        if let Err(e) = omen_signals::RciWeights::new(w.bleu, w.semantic, w.repetition) {
+            bad("signals.rci_weights", e.to_string());
+        }
+        let h = &self.health;
+        if !(0.0 < h.warning && h.warning < h.critical && h.critical <= 1.0) {
+            bad(
+                "health.warning",
+                format!("need 0 < warning ({}) < critical ({}) <= 1", h.warning, h.critical),
+            );
+        }
+        if h.interval < Duration::from_secs(1) {
+            bad("health.interval", "must be at least 1s".into());
+        }
+        let f = &self.forecast;
+        if f.horizon_days.is_nan() || f.horizon_days <= 0.0 {
+            bad("forecast.horizon_days", "must be > 0 (default 14)".into());
+        }
+        if f.min_days < 3 {
+            bad("forecast.min_days", "must be at least 3 days for a trend".into());
+        }
+        if f.lookback_days < f.min_days {
+            bad("forecast.lookback_days", "must be >= forecast.min_days".into());
+        }
+        if !(f.confidence > 0.5 && f.confidence < 1.0) {
+            bad("forecast.confidence", format!("{} must be in (0.5, 1), e.g. 0.9", f.confidence));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, slo) in f.slos.iter().enumerate() {
+            if omen_sources::ingest::check_name(&format!("forecast.slos[{i}].name"), &slo.name).is_err() {
+                bad(
+                    &format!("forecast.slos[{i}].name"),
+                    format!("{:?}: use lower-case letters, digits and _", slo.name),
+                );
+            }
+            if !names.insert(slo.name.clone()) {
+                bad(&format!("forecast.slos[{i}].name"), format!("{:?} is used twice", slo.name));
+            }
+            if !slo.threshold.is_finite() {
+                bad(&format!("forecast.slos[{i}].threshold"), "must be a finite number".into());
+            }
+        }
+        if let Some(o) = &self.otlp {
+            if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+                bad("otlp.endpoint", format!("{:?} must start with http:// or https://", o.endpoint));
+            }
+        }
+        p
+    }
+
+    /// The ingest bearer token, read from the environment variable the config names.
+    pub fn ingest_token(&self) -> Result<Option<String>, ConfigProblem> {
+        match &self.http.ingest_token_env {
+            None => Ok(None),
+            Some(var) => match std::env::var(var) {
+                Ok(v) if !v.is_empty() => Ok(Some(v)),
+                _ => Err(ConfigProblem {
+                    path: "http.ingest_token_env".into(),
+                    message: format!(
+                        "environment variable {var} is not set or empty; export it or remove the key"
+                    ),
+                }),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        let c = Config::from_yaml("{}").unwrap();
+        assert_eq!(c.http.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.forecast.slos.len(), 5);
+        assert_eq!(c.signals.window, 60);
+    }
+
+    #[test]
+    fn unknown_and_mistyped_fields_name_their_path() {
+        let e = Config::from_yaml("signals:\n  windw: 5\n").unwrap_err();
+        assert_eq!(e[0].path, "signals.windw");
+        assert!(e[0].message.contains("unknown field"), "{}", e[0].message);
+        let e = Config::from_yaml("health:\n  interval: soon\n").unwrap_err();
+        assert_eq!(e[0].path, "health.interval");
+        let e = Config::from_yaml("http:\n  listen: localhost\n").unwrap_err();
+        assert_eq!(e[0].path, "http.listen");
+    }
+
+    #[test]
+    fn every_semantic_problem_is_reported() {
+        let e = Config::from_yaml("signals:\n  window: 2\n  rci_weights: {bleu: 0.5, semantic: 0.5, repetition: 0.5}\nhealth:\n  warning: 0.9\n  critical: 0.8\nforecast:\n  confidence: 2\n").unwrap_err();
+        let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["signals.window", "signals.rci_weights", "health.warning", "forecast.confidence"]);
+    }
+
+    #[test]
+    fn shipped_configs_are_valid() {
+        for text in [
+            include_str!("../../../deploy/omen.example.yaml"),
+            include_str!("../../../deploy/omen.local.yaml"),
+        ] {
+            Config::from_yaml(text).unwrap();
+        }
+    }
+
+    #[test]
+    fn token_env_must_exist() {
+        let c = Config::from_yaml("http:\n  ingest_token_env: OMEN_TEST_TOKEN_THAT_IS_NOT_SET\n").unwrap();
+        assert!(c.ingest_token().unwrap_err().message.contains("OMEN_TEST_TOKEN_THAT_IS_NOT_SET"));
+    }
+}

@@ -1,0 +1,589 @@
+//! The pipeline: samples -> window anomaly scores per series -> health score ->
+//! daily aggregates -> forecasts. Shared by `omen run` (live) and `omen replay`
+//! (offline); time is event time, the newest sample seen (or the caller's clock).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use anyhow::Result;
+use omen_signals::{days_to_breach, theil_sen, BreachDirection, WindowAnomaly};
+use omen_sources::{Sample, SeriesKey};
+use serde::Serialize;
+
+use crate::config::{Config, Direction, SloConfig, SloIndicator};
+use crate::metrics::{Labels, LiveMetrics};
+use crate::store::{Store, DAY_MS};
+
+/// Signals the engine itself produces; they are not scored again.
+const DERIVED: &[&str] = &[
+    "anomaly_score",
+    "health_score",
+    "forecast_days_to_breach",
+    "forecast_days_to_breach_upper",
+    "lstm_ae_score",
+];
+
+/// A series stops counting towards health when it has been silent this long.
+const STALE_MS: i64 = 15 * 60_000;
+
+/// Severity bands of the health score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    /// Below the warning threshold.
+    Ok,
+    /// [warning, critical).
+    Warning,
+    /// >= critical.
+    Critical,
+}
+
+/// One series' share in the health score.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contributor {
+    /// Signal name.
+    pub signal: String,
+    /// Series labels.
+    pub labels: BTreeMap<String, String>,
+    /// Risk in [0, 1] from the debounced window score.
+    pub risk: f64,
+    /// Latest window anomaly score.
+    pub anomaly_score: f64,
+    /// Latest value.
+    pub value: f64,
+}
+
+/// Forecast of one SLO.
+#[derive(Debug, Clone, Serialize)]
+pub struct SloForecast {
+    /// SLO name.
+    pub slo: String,
+    /// Threshold.
+    pub threshold: f64,
+    /// Days of data the trend used.
+    pub days: usize,
+    /// Latest daily indicator value.
+    pub latest: Option<f64>,
+    /// Trend slope per day.
+    pub slope_per_day: Option<f64>,
+    /// Days until breach (None: not forecast to breach).
+    pub days_to_breach: Option<f64>,
+    /// Far end of the interval.
+    pub days_to_breach_upper: Option<f64>,
+    /// Early warning: breach and the interval's far end within the horizon.
+    pub early_warning: bool,
+}
+
+/// What the last tick concluded; served by /scores/latest.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthSummary {
+    /// Event time of the tick, ms.
+    pub ts_ms: i64,
+    /// Health score in [0, 1].
+    pub health_score: f64,
+    /// Its band.
+    pub level: Level,
+    /// Series ranked by risk (the signals that moved).
+    pub contributors: Vec<Contributor>,
+    /// Per-SLO forecasts.
+    pub forecasts: Vec<SloForecast>,
+}
+
+/// A change of the health level or of an early warning, for reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlertEvent {
+    /// Event time, ms.
+    pub ts_ms: i64,
+    /// `health` or `forecast:<slo>`.
+    pub alert: String,
+    /// New state.
+    pub level: Level,
+    /// The top contributing signal or the SLO.
+    pub reason: String,
+}
+
+/// A suspected change: where the series stood before it, and whether it held.
+#[derive(Debug, Clone, Copy)]
+struct Onset {
+    ts_ms: i64,
+    /// Window mean and std just before the onset: the old normal.
+    mean: f64,
+    std: f64,
+    /// +1 above the old normal, -1 below.
+    direction: f64,
+    risk: f64,
+    /// Samples after the onset that stayed away from the old normal.
+    held: usize,
+}
+
+/// A sample counts as still away from the old normal beyond this many of its sigmas.
+const HOLD_SIGMAS: f64 = 3.0;
+
+struct SeriesState {
+    scorer: WindowAnomaly,
+    onset: Option<Onset>,
+    last_score: f64,
+    last_value: f64,
+    last_ts: i64,
+}
+
+/// The pipeline state.
+pub struct Engine {
+    cfg: Arc<Config>,
+    store: Arc<Store>,
+    live: Arc<LiveMetrics>,
+    series: HashMap<SeriesKey, SeriesState>,
+    gpu_memory: HashMap<String, (Option<f64>, Option<f64>)>,
+    clock_ms: i64,
+    last_tick_ms: Option<i64>,
+    last_retention_ms: i64,
+    rolled_until_day_ms: Option<i64>,
+    summary: Arc<RwLock<Option<HealthSummary>>>,
+    health_level: Level,
+    warnings: HashMap<String, bool>,
+    events: Vec<AlertEvent>,
+}
+
+fn to_labels(map: &BTreeMap<String, String>) -> Labels {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+impl Engine {
+    /// A pipeline writing to `store` and publishing to `live`.
+    pub fn new(cfg: Arc<Config>, store: Arc<Store>, live: Arc<LiveMetrics>) -> Result<Self> {
+        let rolled_until_day_ms = store.meta("rolled_until_day_ms")?.and_then(|v| v.parse().ok());
+        Ok(Self {
+            cfg,
+            store,
+            live,
+            series: HashMap::new(),
+            gpu_memory: HashMap::new(),
+            clock_ms: 0,
+            last_tick_ms: None,
+            last_retention_ms: 0,
+            rolled_until_day_ms,
+            summary: Arc::new(RwLock::new(None)),
+            health_level: Level::Ok,
+            warnings: HashMap::new(),
+            events: Vec::new(),
+        })
+    }
+
+    /// Shared handle to the latest health summary.
+    pub fn summary_handle(&self) -> Arc<RwLock<Option<HealthSummary>>> {
+        self.summary.clone()
+    }
+
+    /// Alert transitions seen so far.
+    pub fn events(&self) -> &[AlertEvent] {
+        &self.events
+    }
+
+    /// Event time: the newest timestamp processed.
+    pub fn clock_ms(&self) -> i64 {
+        self.clock_ms
+    }
+
+    /// Scores, stores and publishes a batch; ticks when event time passes the health interval.
+    /// Returns after the batch is committed to the store.
+    pub fn process(&mut self, samples: Vec<Sample>) -> Result<usize> {
+        let mut derived = Vec::new();
+        for s in &samples {
+            self.clock_ms = self.clock_ms.max(s.ts_ms);
+            let labels = to_labels(&s.labels);
+            self.live.set_gauge(&s.signal, labels.clone(), s.value);
+            self.observe_special(s, &mut derived);
+            if DERIVED.contains(&s.signal.as_str()) {
+                continue;
+            }
+            let key = s.series_key();
+            let window = self.cfg.signals.window;
+            let state = self.series.entry(key).or_insert_with(|| SeriesState {
+                scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
+                onset: None,
+                last_score: 0.0,
+                last_value: s.value,
+                last_ts: s.ts_ms,
+            });
+            state.last_value = s.value;
+            state.last_ts = s.ts_ms;
+            // Values were validated as finite by every source; a failure here is a bug upstream.
+            if let Some(score) = state.scorer.push(s.value)? {
+                state.last_score = score.score;
+                track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &score);
+                let mut a_labels = s.labels.clone();
+                a_labels.insert("signal".into(), s.signal.clone());
+                self.live.set_gauge("anomaly_score", to_labels(&a_labels), score.score);
+                derived.push(Sample {
+                    ts_ms: s.ts_ms,
+                    signal: "anomaly_score".into(),
+                    labels: a_labels,
+                    value: score.score,
+                });
+            }
+        }
+        let n = samples.len();
+        let mut all = samples;
+        all.extend(derived);
+        self.store.insert(&all)?;
+        self.live.samples_ingested.inc_by(n as u64);
+        let due = match self.last_tick_ms {
+            None => true,
+            Some(t) => self.clock_ms - t >= self.cfg.health.interval.as_millis() as i64,
+        };
+        if due && self.clock_ms > 0 {
+            self.tick(self.clock_ms)?;
+        }
+        Ok(n)
+    }
+
+    /// Canary latencies feed the histograms; GPU used/total pairs give headroom.
+    fn observe_special(&mut self, s: &Sample, derived: &mut Vec<Sample>) {
+        let canary_labels = || to_labels(&s.labels);
+        match s.signal.as_str() {
+            "canary_ttft_seconds" => self.live.record_latency("ttft_seconds", canary_labels(), s.value),
+            "canary_tpot_seconds" => self.live.record_latency("tpot_seconds", canary_labels(), s.value),
+            "canary_e2e_seconds" => self.live.record_latency("e2e_seconds", canary_labels(), s.value),
+            "gpu_memory_used_bytes" | "gpu_memory_total_bytes" => {
+                let gpu = s.labels.get("gpu").cloned().unwrap_or_default();
+                let entry = self.gpu_memory.entry(gpu.clone()).or_default();
+                if s.signal == "gpu_memory_used_bytes" {
+                    entry.0 = Some(s.value);
+                } else {
+                    entry.1 = Some(s.value);
+                }
+                if let (Some(used), Some(total)) = *entry {
+                    if total > 0.0 {
+                        *entry = (None, None);
+                        let labels: BTreeMap<String, String> = [("gpu".to_owned(), gpu)].into();
+                        derived.push(Sample {
+                            ts_ms: s.ts_ms,
+                            signal: "gpu_memory_headroom_ratio".into(),
+                            labels,
+                            value: (1.0 - used / total).clamp(0.0, 1.0),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Risk of a series: that of its onset once the change has held for `persistence` samples.
+    fn risk_of(&self, state: &SeriesState) -> f64 {
+        match state.onset {
+            Some(o) if o.held + 1 >= self.cfg.signals.persistence => o.risk,
+            _ => 0.0,
+        }
+    }
+
+    /// Recomputes health, forecasts, day roll-ups and retention at event time `now_ms`.
+    pub fn tick(&mut self, now_ms: i64) -> Result<HealthSummary> {
+        self.last_tick_ms = Some(now_ms);
+        let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
+        let from = match self.rolled_until_day_ms {
+            Some(d) => d,
+            None => self.store.earliest_ts()?.map(|t| t.div_euclid(DAY_MS) * DAY_MS).unwrap_or(today),
+        };
+        if from < today {
+            self.store.roll_up_days(from, today)?;
+            self.store.set_meta("rolled_until_day_ms", &today.to_string())?;
+        }
+        self.rolled_until_day_ms = Some(today.max(from));
+
+        let mut contributors: Vec<Contributor> = self
+            .series
+            .iter()
+            .filter(|(_, st)| now_ms - st.last_ts <= STALE_MS)
+            .map(|(key, st)| Contributor {
+                signal: key.signal.clone(),
+                labels: key.labels.clone(),
+                risk: self.risk_of(st),
+                anomaly_score: st.last_score,
+                value: st.last_value,
+            })
+            .filter(|c| c.risk > 0.0)
+            .collect();
+        contributors.sort_by(|a, b| b.risk.total_cmp(&a.risk).then_with(|| a.signal.cmp(&b.signal)));
+        contributors.truncate(10);
+        let mut health = contributors.first().map_or(0.0, |c| c.risk);
+
+        let forecasts = self.forecasts(now_ms)?;
+        if forecasts.iter().any(|f| f.early_warning) {
+            health = health.max(self.cfg.health.warning);
+        }
+        if let Some(lstm) = self.live.gauge("lstm_ae_score", &Vec::new()) {
+            health = health.max(lstm);
+        }
+        let level = if health >= self.cfg.health.critical {
+            Level::Critical
+        } else if health >= self.cfg.health.warning {
+            Level::Warning
+        } else {
+            Level::Ok
+        };
+        let mut out = vec![Sample {
+            ts_ms: now_ms,
+            signal: "health_score".into(),
+            labels: BTreeMap::new(),
+            value: health,
+        }];
+        self.live.set_gauge("health_score", Vec::new(), health);
+        for f in &forecasts {
+            let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();
+            for (name, value) in [
+                ("forecast_days_to_breach", f.days_to_breach),
+                ("forecast_days_to_breach_upper", f.days_to_breach_upper),
+            ] {
+                match value {
+                    Some(v) => {
+                        self.live.set_gauge(name, to_labels(&labels), v);
+                        out.push(Sample {
+                            ts_ms: now_ms,
+                            signal: name.into(),
+                            labels: labels.clone(),
+                            value: v,
+                        });
+                    }
+                    None => self.live.remove_gauge(name, &to_labels(&labels)),
+                }
+            }
+            let was = self.warnings.insert(f.slo.clone(), f.early_warning).unwrap_or(false);
+            if was != f.early_warning {
+                self.events.push(AlertEvent {
+                    ts_ms: now_ms,
+                    alert: format!("forecast:{}", f.slo),
+                    level: if f.early_warning { Level::Warning } else { Level::Ok },
+                    reason: match f.days_to_breach {
+                        Some(d) => format!("{} forecast to cross {} in {d:.1} days", f.slo, f.threshold),
+                        None => format!("{} no longer forecast to breach", f.slo),
+                    },
+                });
+            }
+        }
+        if level != self.health_level {
+            self.events.push(AlertEvent {
+                ts_ms: now_ms,
+                alert: "health".into(),
+                level,
+                reason: contributors.first().map_or_else(
+                    || {
+                        if forecasts.iter().any(|f| f.early_warning) {
+                            "forecast early warning".into()
+                        } else {
+                            "all signals normal".into()
+                        }
+                    },
+                    |c| format!("{} {:?} anomaly score {:.2}", c.signal, c.labels, c.anomaly_score),
+                ),
+            });
+            self.health_level = level;
+        }
+        self.store.insert(&out)?;
+        if now_ms - self.last_retention_ms >= 3_600_000 {
+            let st = &self.cfg.store;
+            self.store.apply_retention(
+                now_ms,
+                st.raw_retention_days,
+                st.minute_retention_days,
+                st.day_retention_days,
+            )?;
+            self.last_retention_ms = now_ms;
+        }
+        let summary = HealthSummary { ts_ms: now_ms, health_score: health, level, contributors, forecasts };
+        *self.summary.write().unwrap_or_else(|e| e.into_inner()) = Some(summary.clone());
+        Ok(summary)
+    }
+
+    fn forecasts(&self, now_ms: i64) -> Result<Vec<SloForecast>> {
+        let f = &self.cfg.forecast;
+        let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
+        let from = today - f.lookback_days as i64 * DAY_MS;
+        let mut out = Vec::new();
+        for slo in &f.slos {
+            let daily = self.daily_indicator(slo, from, today)?;
+            let mut fc = SloForecast {
+                slo: slo.name.clone(),
+                threshold: slo.threshold,
+                days: daily.len(),
+                latest: daily.last().map(|d| d.1),
+                slope_per_day: None,
+                days_to_breach: None,
+                days_to_breach_upper: None,
+                early_warning: false,
+            };
+            if daily.len() >= f.min_days {
+                let x: Vec<f64> = daily.iter().map(|d| d.0).collect();
+                let y: Vec<f64> = daily.iter().map(|d| d.1).collect();
+                if let Ok(fit) = theil_sen(&x, &y, f.confidence) {
+                    let direction = match slo.direction {
+                        Direction::Above => BreachDirection::Above,
+                        Direction::Below => BreachDirection::Below,
+                    };
+                    let b = days_to_breach(&fit, now_ms as f64 / DAY_MS as f64, slo.threshold, direction);
+                    fc.slope_per_day = Some(fit.slope);
+                    fc.days_to_breach = b.days_to_breach;
+                    fc.days_to_breach_upper = b.latest_days;
+                    fc.early_warning = b.early_warning(f.horizon_days);
+                }
+            }
+            out.push(fc);
+        }
+        Ok(out)
+    }
+
+    /// (day midpoint in days since the epoch, indicator) for complete days in [from, until).
+    fn daily_indicator(&self, slo: &SloConfig, from_ms: i64, until_ms: i64) -> Result<Vec<(f64, f64)>> {
+        let (signal, pick, combine): (&str, PickDaily, CombineSeries) =
+            match slo.indicator {
+                SloIndicator::TtftP99 => ("canary_ttft_seconds", |d| d.p99, max_of),
+                SloIndicator::KvUsage => ("kvcache_usage_ratio", |d| d.p95, max_of),
+                SloIndicator::Kvf => ("kvf_ratio", |d| d.p95, max_of),
+                SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", |d| d.min, min_of),
+                SloIndicator::Rci => ("rci", |d| d.mean, mean_of),
+            };
+        let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        for d in self.store.day_aggregates(signal, from_ms, until_ms)? {
+            by_day.entry(d.day_ms).or_default().push(pick(&d));
+        }
+        Ok(by_day.into_iter().map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, combine(&v))).collect())
+    }
+}
+
+/// Which daily statistic of one series an indicator uses.
+type PickDaily = fn(&crate::store::DayAggregate) -> f64;
+/// How an indicator combines the series of one day (max over layers, mean over canaries).
+type CombineSeries = fn(&[f64]) -> f64;
+
+/// Risk in [0, 1] of one window score.
+fn score_risk(signals: &crate::config::SignalsConfig, score: f64) -> f64 {
+    ((score - signals.anomaly_normal) / (signals.anomaly_full - signals.anomaly_normal)).clamp(0.0, 1.0)
+}
+
+/// Follows a suspected change. A window score alone fades as the window absorbs a
+/// level shift, so a change is judged against the window it broke away from: it
+/// counts once `persistence` samples in a row stay beyond 3 sigma of that old
+/// normal (a lone spike does not), and is released when values return or after `latch`.
+fn track_onset(
+    state: &mut SeriesState,
+    signals: &crate::config::SignalsConfig,
+    ts_ms: i64,
+    x: f64,
+    score: &omen_signals::WindowScore,
+) {
+    let risk = score_risk(signals, score.score);
+    if let Some(o) = state.onset.as_mut() {
+        let away = (x - o.mean) * o.direction > HOLD_SIGMAS * (o.std + omen_signals::STD_EPSILON);
+        let expired = ts_ms - o.ts_ms > signals.latch.as_millis() as i64;
+        if away && !expired {
+            o.held += 1;
+            o.risk = o.risk.max(risk);
+            return;
+        }
+        state.onset = None;
+    }
+    if risk > 0.0 {
+        state.onset = Some(Onset {
+            ts_ms,
+            mean: score.mean,
+            std: score.std,
+            direction: if x >= score.mean { 1.0 } else { -1.0 },
+            risk,
+            held: 0,
+        });
+    }
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+fn min_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn mean_of(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(dir: &std::path::Path, yaml: &str) -> Engine {
+        let cfg = Arc::new(Config::from_yaml(yaml).unwrap());
+        let store = Arc::new(Store::open(&dir.join("omen.db")).unwrap());
+        Engine::new(cfg, store, Arc::new(LiveMetrics::new())).unwrap()
+    }
+
+    fn kvf(ts_ms: i64, value: f64) -> Sample {
+        Sample {
+            ts_ms,
+            signal: "kvf_ratio".into(),
+            labels: [("layer".to_owned(), "0".to_owned())].into(),
+            value,
+        }
+    }
+
+    #[test]
+    fn sustained_anomaly_raises_health_and_names_the_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "signals: {window: 20, persistence: 3}\n");
+        let t0 = 1_793_577_600_000;
+        for i in 0..60 {
+            e.process(vec![kvf(t0 + i * 10_000, 1.2 + 0.01 * ((i * 7) % 5) as f64)]).unwrap();
+        }
+        let calm = e.tick(t0 + 600_000).unwrap();
+        assert_eq!(calm.level, Level::Ok, "{calm:?}");
+        for i in 60..64 {
+            e.process(vec![kvf(t0 + i * 10_000, 3.5)]).unwrap();
+        }
+        let s = e.tick(t0 + 640_000).unwrap();
+        assert!(s.health_score >= 0.8, "{s:?}");
+        assert_eq!(s.level, Level::Critical);
+        assert_eq!(s.contributors[0].signal, "kvf_ratio");
+        assert!(e.events().iter().any(|ev| ev.alert == "health" && ev.level == Level::Critical));
+    }
+
+    #[test]
+    fn single_spike_is_debounced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "signals: {window: 20, persistence: 3}\n");
+        let t0 = 1_793_577_600_000;
+        for i in 0..40 {
+            let v = if i == 30 { 50.0 } else { 1.0 + 0.01 * (i % 3) as f64 };
+            e.process(vec![kvf(t0 + i * 10_000, v)]).unwrap();
+        }
+        assert_eq!(e.tick(t0 + 31 * 10_000).unwrap().level, Level::Ok);
+    }
+
+    #[test]
+    fn rising_kv_usage_gives_an_early_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "forecast: {min_days: 7}\n");
+        let t0 = 1_793_577_600_000;
+        // 12 days of KV usage rising 2.5 points a day from 0.55, hourly samples with a daily cycle
+        for h in 0..(12 * 24) {
+            let day = h as f64 / 24.0;
+            let v = 0.55 + 0.025 * day + 0.02 * ((h % 24) as f64 / 24.0 * std::f64::consts::TAU).sin();
+            let s = Sample {
+                ts_ms: t0 + h * 3_600_000,
+                signal: "kvcache_usage_ratio".into(),
+                labels: [("layer".to_owned(), "0".to_owned())].into(),
+                value: v,
+            };
+            e.process(vec![s]).unwrap();
+        }
+        let s = e.tick(t0 + 12 * DAY_MS).unwrap();
+        let kv = s.forecasts.iter().find(|f| f.slo == "kv_usage").unwrap();
+        assert_eq!(kv.days, 12, "{kv:?}");
+        let d = kv.days_to_breach.unwrap();
+        // p95 of a day is ~0.02 above its mean; the 0.95 line is crossed in about 3-6 days
+        assert!(d > 2.0 && d < 8.0, "{kv:?}");
+        assert!(kv.early_warning);
+        assert!(s.health_score >= 0.6);
+        assert!(e.events().iter().any(|ev| ev.alert == "forecast:kv_usage"));
+        let ttft = s.forecasts.iter().find(|f| f.slo == "ttft_p99").unwrap();
+        assert!(ttft.days_to_breach.is_none() && !ttft.early_warning);
+    }
+}

@@ -1,0 +1,381 @@
+//! HTTP API (axum): /metrics, /scores, /scores/latest, /healthz, /readyz and
+//! POST /v1/ingest/{kvcache,logits,samples}. Bad requests get a 4xx with the
+//! reason as JSON; a full pipeline queue gets 429 and nothing is lost silently.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use omen_sources::ingest::{self, IngestError};
+use omen_sources::Sample;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::HealthSummary;
+use crate::metrics::{self, LiveMetrics};
+use crate::store::{Resolution, Store, DAY_MS};
+
+/// A batch for the pipeline and the channel that acknowledges its commit.
+pub struct IngestJob {
+    /// Samples to process.
+    pub samples: Vec<Sample>,
+    /// Receives the number committed, or the store's error.
+    pub ack: Option<oneshot::Sender<Result<usize, String>>>,
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// Live metrics.
+    pub live: Arc<LiveMetrics>,
+    /// prometheus-client registry over `live`.
+    pub registry: Arc<Registry>,
+    /// The store (for /scores).
+    pub store: Arc<Store>,
+    /// Pipeline queue.
+    pub ingest: mpsc::Sender<IngestJob>,
+    /// Bearer token for ingest, if configured.
+    pub token: Option<Arc<str>>,
+    /// Latest health summary.
+    pub summary: Arc<RwLock<Option<HealthSummary>>>,
+    /// Set once the pipeline runs.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// An error response: status and a JSON body naming the problem.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    field: Option<String>,
+    message: String,
+}
+
+impl ApiError {
+    fn bad(field: &str, message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, field: Some(field.into()), message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.message });
+        if let Some(f) = self.field {
+            body["field"] = json!(f);
+        }
+        let mut resp = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut().insert(header::RETRY_AFTER, "1".parse().expect("static header"));
+        }
+        resp
+    }
+}
+
+impl From<IngestError> for ApiError {
+    fn from(e: IngestError) -> Self {
+        Self { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some(e.field), message: e.reason }
+    }
+}
+
+/// The full API router (API listener).
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/scores", get(scores))
+        .route("/scores/latest", get(scores_latest))
+        .route("/v1/ingest/{kind}", post(ingest_handler))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// Only /metrics, /healthz and /readyz (the scrape and probe listener).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn metrics_handler(State(st): State<AppState>) -> Response {
+    let text = metrics::render(&st.registry);
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting: the pipeline is not running yet\n").into_response()
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn check_token(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &st.token else { return Ok(()) };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(token.as_ref()) {
+        Ok(())
+    } else {
+        Err(ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            field: Some("Authorization".into()),
+            message: "missing or wrong bearer token; send `Authorization: Bearer <token>` with the token from http.ingest_token_env".into(),
+        })
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad(
+            if path == "." { "body" } else { &path },
+            format!("invalid JSON payload: {}", e.into_inner()),
+        )
+    })
+}
+
+async fn ingest_handler(
+    State(st): State<AppState>,
+    Path(kind): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let result = ingest_inner(&st, &kind, &headers, &body).await;
+    if let Err(e) = &result {
+        st.live
+            .rejected
+            .get_or_create(&vec![
+                ("endpoint".into(), kind.clone()),
+                ("status".into(), e.status.as_u16().to_string()),
+            ])
+            .inc();
+    }
+    match result {
+        Ok(n) => (StatusCode::OK, Json(json!({ "accepted": n }))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn ingest_inner(
+    st: &AppState,
+    kind: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<usize, ApiError> {
+    check_token(st, headers)?;
+    let now = now_ms();
+    let samples = match kind {
+        "kvcache" => ingest::kvcache_samples(&parse_json(body)?, now)?,
+        "logits" => ingest::logits_samples(&parse_json(body)?, now)?,
+        "samples" => ingest::generic_samples(&parse_json(body)?, now)?,
+        other => {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                field: None,
+                message: format!("no ingest endpoint {other:?}; use /v1/ingest/kvcache, /v1/ingest/logits or /v1/ingest/samples"),
+            })
+        }
+    };
+    let (tx, rx) = oneshot::channel();
+    let n = samples.len();
+    if st.ingest.try_send(IngestJob { samples, ack: Some(tx) }).is_err() {
+        st.live.shed.get_or_create(&vec![("reason".into(), "queue_full".into())]).inc_by(n as u64);
+        return Err(ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            field: None,
+            message: "the pipeline queue is full; nothing was stored — retry after a second".into(),
+        });
+    }
+    match tokio::time::timeout(Duration::from_secs(30), rx).await {
+        Ok(Ok(Ok(n))) => Ok(n),
+        Ok(Ok(Err(e))) => Err(ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            field: None,
+            message: format!("the store could not write the batch: {e}"),
+        }),
+        _ => Err(ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            field: None,
+            message: "the pipeline did not acknowledge the batch in 30 s".into(),
+        }),
+    }
+}
+
+/// Parses a time: RFC 3339, Unix seconds, `now`, or `now-<duration>` (e.g. now-6h).
+fn parse_time(field: &str, text: &str, now: i64) -> Result<i64, ApiError> {
+    let text = text.trim();
+    if text == "now" {
+        return Ok(now);
+    }
+    if let Some(rel) = text.strip_prefix("now-") {
+        let d = humantime::parse_duration(rel)
+            .map_err(|e| ApiError::bad(field, format!("{text:?}: {e}; write e.g. now-6h")))?;
+        return Ok(now - d.as_millis() as i64);
+    }
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() {
+            return Ok((secs * 1000.0) as i64);
+        }
+    }
+    chrono::DateTime::parse_from_rfc3339(text).map(|t| t.timestamp_millis()).map_err(|_| {
+        ApiError::bad(
+            field,
+            format!(
+                "{text:?} is not a time; use RFC 3339 (2026-11-02T10:00:00Z), Unix seconds, now or now-6h"
+            ),
+        )
+    })
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_default()
+}
+
+/// Most points one /scores series may return.
+const MAX_POINTS: i64 = 11_000;
+
+async fn scores(
+    State(st): State<AppState>,
+    Query(mut q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let signal = q.remove("signal").ok_or_else(|| {
+        ApiError::bad("signal", "is required, e.g. /scores?signal=health_score&since=now-6h")
+    })?;
+    ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
+    let store = st.store.clone();
+    let latest = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || store.latest_ts()
+    })
+    .await
+    .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: e.to_string() })?
+    .map_err(|e| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        field: None,
+        message: e.to_string(),
+    })?;
+    // Default "now" is the newest stored sample, so that replayed traces are queryable too.
+    let now = latest.map_or_else(now_ms, |t| t + 1).max(0);
+    let until = match q.remove("until") {
+        Some(t) => parse_time("until", &t, now)?,
+        None => now,
+    };
+    let since = match q.remove("since") {
+        Some(t) => parse_time("since", &t, now)?,
+        None => until - 3_600_000,
+    };
+    if since >= until {
+        return Err(ApiError::bad(
+            "since",
+            format!("since ({}) must be before until ({})", rfc3339(since), rfc3339(until)),
+        ));
+    }
+    let step_ms = match q.remove("step") {
+        Some(s) => humantime::parse_duration(&s)
+            .map_err(|e| ApiError::bad("step", format!("{s:?}: {e}; write e.g. 1m, 5m, 1h, 1d")))?
+            .as_millis() as i64,
+        None => ((until - since) / 300).max(1000),
+    };
+    if step_ms < 1000 {
+        return Err(ApiError::bad("step", "must be at least 1s"));
+    }
+    if (until - since) / step_ms > MAX_POINTS {
+        return Err(ApiError::bad(
+            "step",
+            format!(
+                "gives {} points per series; at most {MAX_POINTS} — use a larger step",
+                (until - since) / step_ms
+            ),
+        ));
+    }
+    let resolution = if step_ms >= DAY_MS {
+        Resolution::Day
+    } else if step_ms >= 60_000 && until - since > 6 * 3_600_000 {
+        Resolution::Minute
+    } else {
+        Resolution::Raw
+    };
+    // Remaining query parameters are label matchers: /scores?signal=kvf_ratio&layer=3
+    let matchers: BTreeMap<String, String> = q.into_iter().collect();
+    let sig = signal.clone();
+    let series =
+        tokio::task::spawn_blocking(move || store.range(&sig, &matchers, since, until, step_ms, resolution))
+            .await
+            .map_err(|e| ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                field: None,
+                message: e.to_string(),
+            })?
+            .map_err(|e| ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                field: None,
+                message: e.to_string(),
+            })?;
+    Ok(Json(json!({
+        "signal": signal,
+        "since": rfc3339(since),
+        "until": rfc3339(until),
+        "step": humantime::format_duration(Duration::from_millis(step_ms as u64)).to_string(),
+        "step_ms": step_ms,
+        "resolution": format!("{resolution:?}").to_lowercase(),
+        "series": series,
+    }))
+    .into_response())
+}
+
+async fn scores_latest(State(st): State<AppState>) -> Response {
+    let summary = st.summary.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let signals: Vec<_> = st
+        .live
+        .snapshot()
+        .into_iter()
+        .map(|g| json!({ "signal": g.name, "labels": g.labels.into_iter().collect::<BTreeMap<_, _>>(), "value": g.value }))
+        .collect();
+    Json(json!({
+        "ts": summary.as_ref().map(|s| rfc3339(s.ts_ms)),
+        "health": summary,
+        "signals": signals,
+    }))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_forms() {
+        let now = 1_793_613_600_000;
+        assert_eq!(parse_time("since", "now", now).unwrap(), now);
+        assert_eq!(parse_time("since", "now-1h", now).unwrap(), now - 3_600_000);
+        assert_eq!(parse_time("since", "1793613600", now).unwrap(), now);
+        assert_eq!(parse_time("since", "2026-11-02T10:00:00Z", now).unwrap(), 1_793_613_600_000);
+        let e = parse_time("since", "yesterday", now).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("RFC 3339"));
+    }
+}

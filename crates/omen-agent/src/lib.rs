@@ -1,0 +1,17 @@
+//! The omen agent: config, pipeline, store, HTTP API and exporters. The binary
+//! `omen` (main.rs) is a thin CLI over this library, which the tests drive directly.
+
+pub mod config;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod replay;
+pub mod run;
+pub mod store;
+pub mod trace_file;
+
+/// Logs to stderr; `RUST_LOG` overrides the default `info` level.
+pub fn logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

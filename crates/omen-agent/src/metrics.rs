@@ -1,0 +1,280 @@
+//! Live metric state shared by the pipeline and the exporters: latest gauge
+//! values, canary latency histograms and the agent's own counters. /metrics
+//! renders it with prometheus-client (OpenMetrics); OTLP reads `snapshot()`.
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// Sorted label pairs of one series.
+pub type Labels = Vec<(String, String)>;
+
+/// Most distinct gauge series kept; beyond it new series are dropped and counted.
+pub const MAX_GAUGE_SERIES: usize = 20_000;
+
+/// Latency buckets (seconds) for the canary TTFT / TPOT / e2e histograms.
+const LATENCY_BUCKETS: [f64; 16] =
+    [0.005, 0.01, 0.02, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0];
+
+/// Help text of the exported gauges (DESIGN.md names, prefix added on export).
+pub fn help_for(name: &str) -> &'static str {
+    match name {
+        "tle_bits" => "First-token entropy of a canary prompt, bits (lower bound from top-k logprobs).",
+        "tle_bits_upper" => "Upper bound of the first-token entropy from top-k logprobs, bits.",
+        "rci" => "Consistency decay index of a canary answer, [0,1], higher is worse.",
+        "rci_bleu" => "Sentence BLEU of a canary answer against its reference, [0,1].",
+        "rci_bertscore_f1" => "BERTScore F1 of a canary answer against its reference, [0,1].",
+        "rci_repetition_ratio" => "1 - distinct/total 3-grams of a canary answer.",
+        "kvf_ratio" => "KV-cache fragmentation: total free / largest free extent (>= 1).",
+        "kvcache_usage_ratio" => "KV-cache blocks in use / total, per layer.",
+        "gpu_memory_used_bytes" => "GPU memory in use, bytes (NVML).",
+        "gpu_memory_total_bytes" => "GPU memory in total, bytes (NVML).",
+        "gpu_memory_headroom_ratio" => "1 - used/total GPU memory.",
+        "anomaly_score" => "Sliding-window anomaly score |x-mean|/(std+1e-8) + 0.3|skew| of a signal.",
+        "lstm_ae_score" => "LSTM autoencoder anomaly score, [0,1].",
+        "health_score" => "Combined degradation score, [0,1]: 0 healthy, >= 0.6 warning, >= 0.8 critical.",
+        "forecast_days_to_breach" => "Days until the SLO indicator's Theil-Sen trend crosses its threshold.",
+        "forecast_days_to_breach_upper" => "Far end of the days_to_breach interval.",
+        "source_up" => "1 when the source's last collection succeeded, else 0.",
+        "build_info" => "omen build information.",
+        _ => "Latest value of a pushed or collected signal.",
+    }
+}
+
+/// One gauge value for exporters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GaugePoint {
+    /// Name without the `omen_` prefix.
+    pub name: String,
+    /// Labels.
+    pub labels: Labels,
+    /// Value.
+    pub value: f64,
+}
+
+/// One canary latency observation, kept for exporters that need raw values (OTLP histograms).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencyObservation {
+    /// `ttft_seconds`, `tpot_seconds` or `e2e_seconds`.
+    pub name: &'static str,
+    /// Labels (canary).
+    pub labels: Labels,
+    /// Seconds.
+    pub seconds: f64,
+}
+
+/// Most latency observations held for a slow exporter; older ones are dropped and counted.
+const MAX_TAPPED_LATENCIES: usize = 50_000;
+
+/// The agent's metric state.
+#[derive(Debug)]
+pub struct LiveMetrics {
+    gauges: RwLock<BTreeMap<String, BTreeMap<Labels, f64>>>,
+    latency_tap: std::sync::atomic::AtomicBool,
+    tapped: std::sync::Mutex<Vec<LatencyObservation>>,
+    series: std::sync::atomic::AtomicUsize,
+    /// Canary time to first token, seconds.
+    pub ttft: Family<Labels, Histogram>,
+    /// Canary time per output token, seconds.
+    pub tpot: Family<Labels, Histogram>,
+    /// Canary end-to-end latency, seconds.
+    pub e2e: Family<Labels, Histogram>,
+    /// Samples accepted by the pipeline.
+    pub samples_ingested: Counter,
+    /// Samples or requests shed, by reason.
+    pub shed: Family<Vec<(String, String)>, Counter>,
+    /// Rejected pushes, by endpoint.
+    pub rejected: Family<Vec<(String, String)>, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+impl Default for LiveMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LiveMetrics {
+    /// Empty state with `build_info` set.
+    pub fn new() -> Self {
+        let m = Self {
+            gauges: RwLock::new(BTreeMap::new()),
+            series: 0.into(),
+            latency_tap: false.into(),
+            tapped: std::sync::Mutex::new(Vec::new()),
+            ttft: Family::new_with_constructor(latency_histogram),
+            tpot: Family::new_with_constructor(latency_histogram),
+            e2e: Family::new_with_constructor(latency_histogram),
+            samples_ingested: Counter::default(),
+            shed: Family::default(),
+            rejected: Family::default(),
+        };
+        m.set_gauge("build_info", vec![("version".into(), env!("CARGO_PKG_VERSION").into())], 1.0);
+        m
+    }
+
+    /// Sets the latest value of a gauge series.
+    pub fn set_gauge(&self, name: &str, labels: Labels, value: f64) {
+        let mut g = self.gauges.write().unwrap_or_else(|e| e.into_inner());
+        let family = g.entry(name.to_owned()).or_default();
+        if let Some(slot) = family.get_mut(&labels) {
+            *slot = value;
+            return;
+        }
+        if self.series.load(std::sync::atomic::Ordering::Relaxed) >= MAX_GAUGE_SERIES {
+            self.shed.get_or_create(&vec![("reason".into(), "series_limit".into())]).inc();
+            return;
+        }
+        family.insert(labels, value);
+        self.series.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Removes a gauge series (e.g. a forecast that no longer predicts a breach).
+    pub fn remove_gauge(&self, name: &str, labels: &Labels) {
+        let mut g = self.gauges.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(family) = g.get_mut(name) {
+            if family.remove(labels).is_some() {
+                self.series.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Latest value of one gauge series.
+    pub fn gauge(&self, name: &str, labels: &Labels) -> Option<f64> {
+        self.gauges.read().unwrap_or_else(|e| e.into_inner()).get(name).and_then(|f| f.get(labels)).copied()
+    }
+
+    /// Every series of one gauge.
+    pub fn gauge_family(&self, name: &str) -> Vec<(Labels, f64)> {
+        self.gauges
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .map(|f| f.iter().map(|(l, v)| (l.clone(), *v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Records a canary latency in its histogram (and in the tap, when an exporter enabled it).
+    pub fn record_latency(&self, name: &'static str, labels: Labels, seconds: f64) {
+        let family = match name {
+            "ttft_seconds" => &self.ttft,
+            "tpot_seconds" => &self.tpot,
+            _ => &self.e2e,
+        };
+        family.get_or_create(&labels).observe(seconds);
+        if self.latency_tap.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut t = self.tapped.lock().unwrap_or_else(|e| e.into_inner());
+            if t.len() >= MAX_TAPPED_LATENCIES {
+                self.shed.get_or_create(&vec![("reason".into(), "latency_tap_full".into())]).inc();
+            } else {
+                t.push(LatencyObservation { name, labels, seconds });
+            }
+        }
+    }
+
+    /// Starts keeping latency observations for [`LiveMetrics::drain_latencies`].
+    pub fn enable_latency_tap(&self) {
+        self.latency_tap.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Takes the latency observations recorded since the last call.
+    pub fn drain_latencies(&self) -> Vec<LatencyObservation> {
+        std::mem::take(&mut *self.tapped.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// All gauge values (for OTLP and /scores/latest).
+    pub fn snapshot(&self) -> Vec<GaugePoint> {
+        let g = self.gauges.read().unwrap_or_else(|e| e.into_inner());
+        g.iter()
+            .flat_map(|(name, family)| {
+                family.iter().map(move |(labels, value)| GaugePoint {
+                    name: name.clone(),
+                    labels: labels.clone(),
+                    value: *value,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Renders the gauges at scrape time.
+#[derive(Debug)]
+struct GaugeCollector(std::sync::Arc<LiveMetrics>);
+
+impl Collector for GaugeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let gauges = self.0.gauges.read().unwrap_or_else(|e| e.into_inner());
+        for (name, family) in gauges.iter() {
+            if family.is_empty() {
+                continue;
+            }
+            let mut family_encoder =
+                encoder.encode_descriptor(name, help_for(name), None, MetricType::Gauge)?;
+            for (labels, value) in family {
+                let metric_encoder = family_encoder.encode_family(labels)?;
+                ConstGauge::new(*value).encode(metric_encoder)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A prometheus-client registry (prefix `omen`) over the live state.
+pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
+    let mut registry = Registry::with_prefix("omen");
+    registry.register("ttft_seconds", "Canary time to first token, seconds.", live.ttft.clone());
+    registry.register("tpot_seconds", "Canary time per output token, seconds.", live.tpot.clone());
+    registry.register("e2e_seconds", "Canary end-to-end latency, seconds.", live.e2e.clone());
+    registry.register("samples_ingested", "Samples accepted by the pipeline.", live.samples_ingested.clone());
+    registry.register("shed", "Samples or requests shed under load, by reason.", live.shed.clone());
+    registry.register("ingest_rejected", "Pushes rejected with a 4xx, by endpoint.", live.rejected.clone());
+    registry.register_collector(Box::new(GaugeCollector(live)));
+    registry
+}
+
+/// OpenMetrics text of the registry.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn renders_gauges_histograms_and_counters() {
+        let live = Arc::new(LiveMetrics::new());
+        live.set_gauge("kvf_ratio", vec![("layer".into(), "3".into())], 1.9);
+        live.set_gauge("health_score", vec![], 0.25);
+        live.ttft.get_or_create(&vec![("canary".into(), "c1".into())]).observe(0.04);
+        live.samples_ingested.inc_by(5);
+        let text = render(&registry(live.clone()));
+        assert!(text.contains("# TYPE omen_kvf_ratio gauge"), "{text}");
+        assert!(text.contains("omen_kvf_ratio{layer=\"3\"} 1.9"), "{text}");
+        assert!(text.contains("omen_health_score 0.25"), "{text}");
+        assert!(
+            text.contains("omen_ttft_seconds_bucket{le=\"0.05\",canary=\"c1\"} 1")
+                || text.contains("omen_ttft_seconds_bucket{canary=\"c1\",le=\"0.05\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("omen_samples_ingested_total 5"), "{text}");
+        assert!(text.contains("omen_build_info{version="), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        live.remove_gauge("kvf_ratio", &vec![("layer".into(), "3".into())]);
+        assert!(!render(&registry(live)).contains("omen_kvf_ratio{"));
+    }
+}

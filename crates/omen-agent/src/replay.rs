@@ -1,0 +1,185 @@
+//! `omen replay TRACE --out DIR`: the live pipeline, run offline over a trace in
+//! event time, with a JSON report and an SVG plot of health, anomaly scores and alerts.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::engine::{AlertEvent, Engine, HealthSummary, Level};
+use crate::metrics::LiveMetrics;
+use crate::store::{Resolution, Store};
+use crate::trace_file;
+
+/// The replay report (report.json).
+#[derive(Debug, Serialize)]
+pub struct ReplayReport {
+    /// Trace path.
+    pub trace: String,
+    /// Samples read.
+    pub samples: usize,
+    /// First and last sample time, ms.
+    pub first_ts_ms: i64,
+    /// Last sample time, ms.
+    pub last_ts_ms: i64,
+    /// Health score at every tick: (ms, score).
+    pub health_timeline: Vec<(i64, f64)>,
+    /// Health level and early-warning transitions.
+    pub events: Vec<AlertEvent>,
+    /// The summary at the end of the trace.
+    pub final_summary: Option<HealthSummary>,
+}
+
+/// Runs the pipeline over `trace` and writes report.json, report.svg and omen.db into `out`.
+pub fn replay(mut cfg: Config, trace: &Path, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("cannot create the output folder {}", out.display()))?;
+    let db = out.join("omen.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let p = out.join(format!("omen.db{suffix}"));
+        if p.exists() {
+            std::fs::remove_file(&p).with_context(|| format!("cannot replace {}", p.display()))?;
+        }
+    }
+    cfg.store.path = db.clone();
+    let report = replay_into(Arc::new(cfg), trace, &db)?;
+    let json_path = out.join("report.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    let store = Store::open(&db)?;
+    let svg_path = out.join("report.svg");
+    plot(&report, &store, &svg_path)?;
+    let warnings = report.events.iter().filter(|e| e.level != Level::Ok).count();
+    println!(
+        "replayed {} samples ({} .. {}); {} alert transition(s), {} warning or worse; wrote {}, {} and {}",
+        report.samples,
+        fmt_ts(report.first_ts_ms),
+        fmt_ts(report.last_ts_ms),
+        report.events.len(),
+        warnings,
+        json_path.display(),
+        svg_path.display(),
+        db.display()
+    );
+    Ok(())
+}
+
+fn fmt_ts(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+        .unwrap_or_default()
+}
+
+/// The pipeline over the trace, writing to the store at `db`.
+pub fn replay_into(cfg: Arc<Config>, trace: &Path, db: &Path) -> Result<ReplayReport> {
+    let store = Arc::new(Store::open(db)?);
+    let mut engine = Engine::new(cfg, store, Arc::new(LiveMetrics::new()))?;
+    let summary = engine.summary_handle();
+    let (mut samples, mut first, mut last) = (0usize, i64::MAX, i64::MIN);
+    let mut timeline = Vec::new();
+    let mut last_tick = None;
+    for batch in trace_file::batches(trace)? {
+        let batch = batch?;
+        samples += batch.len();
+        first = first.min(batch[0].ts_ms);
+        last = last.max(batch[0].ts_ms);
+        engine.process(batch)?;
+        if let Some(s) = summary.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if last_tick != Some(s.ts_ms) {
+                timeline.push((s.ts_ms, s.health_score));
+                last_tick = Some(s.ts_ms);
+            }
+        }
+    }
+    if samples == 0 {
+        anyhow::bail!("{} holds no samples", trace.display());
+    }
+    let final_summary = Some(engine.tick(last)?);
+    Ok(ReplayReport {
+        trace: trace.display().to_string(),
+        samples,
+        first_ts_ms: first,
+        last_ts_ms: last,
+        health_timeline: timeline,
+        events: engine.events().to_vec(),
+        final_summary,
+    })
+}
+
+/// A series' peak anomaly score, labels and points.
+type Peak = (f64, BTreeMap<String, String>, Vec<(i64, f64)>);
+
+fn plot(report: &ReplayReport, store: &Store, path: &Path) -> Result<()> {
+    let root = SVGBackend::new(path, (1200, 800)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(380);
+    let (x0, x1) = (report.first_ts_ms as f64 / 3.6e6, report.last_ts_ms as f64 / 3.6e6 + 1e-9);
+    let hours = |ms: i64| (ms as f64 / 3.6e6) - x0;
+
+    let mut chart = ChartBuilder::on(&top)
+        .caption("omen replay: health score and alerts", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..(x1 - x0), 0.0..1.0)?;
+    chart.configure_mesh().x_desc("hours since trace start").y_desc("health score").draw()?;
+    for (level, color) in [(0.6, RGBColor(230, 160, 0)), (0.8, RED)] {
+        chart.draw_series(LineSeries::new([(0.0, level), (x1 - x0, level)], color.stroke_width(1)))?;
+    }
+    chart
+        .draw_series(LineSeries::new(
+            report.health_timeline.iter().map(|&(t, v)| (hours(t), v)),
+            BLUE.stroke_width(2),
+        ))?
+        .label("health_score")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLUE));
+    for e in &report.events {
+        let color = match e.level {
+            Level::Ok => GREEN,
+            Level::Warning => RGBColor(230, 160, 0),
+            Level::Critical => RED,
+        };
+        chart.draw_series(std::iter::once(Circle::new((hours(e.ts_ms), 0.97), 5, color.filled())))?;
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+
+    // Anomaly scores of the series that peaked highest.
+    let step = ((report.last_ts_ms - report.first_ts_ms) / 600).max(60_000);
+    let mut peaks: Vec<Peak> = store
+        .range(
+            "anomaly_score",
+            &BTreeMap::new(),
+            report.first_ts_ms,
+            report.last_ts_ms + 1,
+            step,
+            Resolution::Raw,
+        )?
+        .into_iter()
+        .map(|s| (s.points.iter().map(|p| p.1).fold(0.0, f64::max), s.labels, s.points))
+        .collect();
+    peaks.sort_by(|a, b| b.0.total_cmp(&a.0));
+    peaks.truncate(5);
+    let y_max = peaks.first().map_or(1.0, |p| p.0).max(1.0) * 1.05;
+    let mut chart = ChartBuilder::on(&bottom)
+        .caption("window anomaly scores (top 5 series by peak)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..(x1 - x0), 0.0..y_max)?;
+    chart.configure_mesh().x_desc("hours since trace start").y_desc("anomaly score").draw()?;
+    for (i, (_, labels, points)) in peaks.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let name = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        chart
+            .draw_series(LineSeries::new(points.iter().map(|&(t, v)| (hours(t), v)), color.stroke_width(1)))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+    root.present().with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! `omen run`: starts the store, the pipeline thread, the sources and the HTTP
+//! listeners, and shuts down cleanly on SIGINT/SIGTERM after draining the queue.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::http::{self, AppState, IngestJob};
+use crate::metrics::{self, LiveMetrics};
+use crate::store::Store;
+use crate::trace_file;
+
+/// A running agent's handles (for tests and the binary).
+pub struct Agent {
+    /// Address the API listens on.
+    pub api_addr: std::net::SocketAddr,
+    /// Address of the metrics-only listener, if configured.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The shared state.
+    pub state: AppState,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    pipeline: std::thread::JoinHandle<Result<()>>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+    trace_done: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Runs until SIGINT or SIGTERM.
+pub async fn run(cfg: Config) -> Result<()> {
+    let agent = start(cfg).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+    }
+    agent.stop().await
+}
+
+impl Agent {
+    /// Resolves when a configured trace source has been fully replayed.
+    pub async fn trace_finished(&mut self) {
+        while !*self.trace_done.borrow() {
+            if self.trace_done.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Stops listeners and sources, drains the pipeline queue, and waits for it.
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.shutdown.send(true);
+        for s in self.servers {
+            let _ = s.await;
+        }
+        drop(self.state);
+        tokio::task::spawn_blocking(move || self.pipeline.join())
+            .await
+            .context("pipeline join")?
+            .map_err(|_| anyhow::anyhow!("the pipeline thread panicked"))??;
+        info!("stopped");
+        Ok(())
+    }
+}
+
+/// Starts everything and returns once the listeners are bound.
+pub async fn start(cfg: Config) -> Result<Agent> {
+    let cfg = Arc::new(cfg);
+    let token = cfg.ingest_token().map_err(|p| anyhow::anyhow!("{p}"))?;
+    let store = Arc::new(Store::open(&cfg.store.path)?);
+    info!(path = %store.path().display(), "store open");
+    let live = Arc::new(LiveMetrics::new());
+    let registry = Arc::new(metrics::registry(live.clone()));
+    let mut engine = Engine::new(cfg.clone(), store.clone(), live.clone())?;
+    let summary = engine.summary_handle();
+    let ready = Arc::new(AtomicBool::new(false));
+    let (ingest_tx, mut ingest_rx) = mpsc::channel::<IngestJob>(cfg.http.ingest_queue);
+    let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+
+    // The pipeline owns the engine on its own thread: SQLite writes block.
+    let pipeline_ready = ready.clone();
+    let pipeline =
+        std::thread::Builder::new().name("omen-pipeline".into()).spawn(move || -> Result<()> {
+            pipeline_ready.store(true, Ordering::Relaxed);
+            while let Some(job) = ingest_rx.blocking_recv() {
+                let n = job.samples.len();
+                let result = engine.process(job.samples);
+                if let Err(e) = &result {
+                    error!("pipeline: batch of {n} samples not stored: {e:#}");
+                }
+                if let Some(ack) = job.ack {
+                    let _ = ack.send(result.map_err(|e| format!("{e:#}")));
+                }
+            }
+            pipeline_ready.store(false, Ordering::Relaxed);
+            Ok(())
+        })?;
+
+    let state = AppState {
+        live: live.clone(),
+        registry,
+        store: store.clone(),
+        ingest: ingest_tx.clone(),
+        token: token.map(Arc::from),
+        summary,
+        ready,
+    };
+    let mut servers = Vec::new();
+    let api = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
+        format!(
+            "http.listen: cannot bind {}; is another omen running? choose a free address",
+            cfg.http.listen
+        )
+    })?;
+    let api_addr = api.local_addr()?;
+    info!(%api_addr, "API listening (/scores, /metrics, /v1/ingest/*)");
+    servers.push(serve(api, http::router(state.clone(), cfg.http.max_body_bytes), shutdown_rx.clone()));
+    let metrics_addr = match cfg.http.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("http.metrics_listen: cannot bind {addr}; choose a free address"))?;
+            let a = l.local_addr()?;
+            info!(metrics_addr = %a, "metrics listening (/metrics, /healthz, /readyz)");
+            servers.push(serve(l, http::metrics_router(state.clone()), shutdown_rx.clone()));
+            Some(a)
+        }
+        None => None,
+    };
+
+    let (trace_done_tx, trace_done) = tokio::sync::watch::channel(cfg.sources.trace.is_none());
+    if let Some(trace) = cfg.sources.trace.clone() {
+        live.set_gauge("source_up", vec![("source".into(), "trace".into())], 1.0);
+        let tx = ingest_tx.clone();
+        let live = live.clone();
+        let mut stop = shutdown_rx.clone();
+        servers.push(tokio::spawn(async move {
+            let path: PathBuf = trace.path.clone();
+            let result = tokio::select! {
+                r = replay_trace(trace.path, trace.speed, tx) => r,
+                _ = stop.changed() => Ok(0),
+            };
+            match result {
+                Ok(n) => info!(trace = %path.display(), samples = n, "trace source finished; still serving the API"),
+                Err(e) => {
+                    live.set_gauge("source_up", vec![("source".into(), "trace".into())], 0.0);
+                    error!("trace source {}: {e:#}", path.display());
+                }
+            }
+            let _ = trace_done_tx.send(true);
+        }));
+    }
+    drop(ingest_tx);
+    Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done })
+}
+
+fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.changed().await;
+            })
+            .await;
+        if let Err(e) = result {
+            warn!("HTTP server stopped: {e}");
+        }
+    })
+}
+
+/// Feeds a trace into the pipeline; with `speed` > 0 it paces by trace time / speed.
+async fn replay_trace(path: PathBuf, speed: f64, tx: mpsc::Sender<IngestJob>) -> Result<usize> {
+    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Vec<omen_sources::Sample>>>(64);
+    let reader = tokio::task::spawn_blocking(move || -> Result<()> {
+        for batch in trace_file::batches(&path)? {
+            if batch_tx.blocking_send(batch).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let mut total = 0;
+    let mut prev_ts: Option<i64> = None;
+    while let Some(batch) = batch_rx.recv().await {
+        let batch = batch?;
+        if speed > 0.0 {
+            if let Some(p) = prev_ts {
+                let wait = ((batch[0].ts_ms - p).max(0) as f64 / speed) as u64;
+                tokio::time::sleep(Duration::from_millis(wait.min(60_000))).await;
+            }
+        }
+        prev_ts = Some(batch[0].ts_ms);
+        total += batch.len();
+        // Our own source: wait for room rather than shed.
+        tx.send(IngestJob { samples: batch, ack: None })
+            .await
+            .map_err(|_| anyhow::anyhow!("the pipeline stopped"))?;
+    }
+    reader.await??;
+    Ok(total)
+}

@@ -1,0 +1,231 @@
+//! The agent's HTTP API end to end: a real agent on loopback, real HTTP requests.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use omen_agent::config::Config;
+use serde_json::{json, Value};
+
+fn config(dir: &std::path::Path, extra: &str) -> Config {
+    let yaml = format!(
+        "store:\n  path: {}\nhttp:\n  listen: 127.0.0.1:0\n  metrics_listen: 127.0.0.1:0\n{extra}",
+        dir.join("omen.db").display()
+    );
+    Config::from_yaml(&yaml).unwrap()
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_query_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = omen_agent::run::start(config(dir.path(), "")).await.unwrap();
+    let base = format!("http://{}", agent.api_addr);
+    let c = client();
+
+    // readiness on both listeners
+    for addr in [agent.api_addr, agent.metrics_addr.unwrap()] {
+        let r = c.get(format!("http://{addr}/readyz")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(c.get(format!("http://{addr}/healthz")).send().await.unwrap().status(), 200);
+    }
+
+    // 16 blocks, used 0, 1 and 8: free runs of 6 and 7 -> KVF 13/7
+    let r = c
+        .post(format!("{base}/v1/ingest/kvcache"))
+        .json(&json!({"gpu": "0", "layers": [{"layer": 3, "bitmap_b64": "AwE=", "num_blocks": 16}, {"layer": 4, "total_blocks": 10, "used_blocks": 9}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = c
+        .post(format!("{base}/v1/ingest/logits"))
+        .json(&json!({"canary": "c1", "logits": [0.0, 0.0, 0.0, 0.0]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["accepted"], 1);
+    let r = c
+        .post(format!("{base}/v1/ingest/samples"))
+        .json(&json!({"samples": [{"signal": "queue_depth", "value": 7}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // bad payloads: 4xx with the field, agent keeps running
+    let r = c
+        .post(format!("{base}/v1/ingest/kvcache"))
+        .json(&json!({"layers": [{"layer": 1, "total_blocks": 4, "used_blocks": 9}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    assert_eq!(r.json::<Value>().await.unwrap()["field"], "layers[0].used_blocks");
+    let r = c
+        .post(format!("{base}/v1/ingest/samples"))
+        .header("content-type", "application/json")
+        .body("{\"samples\": [{\"signal\": 5}]}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.json::<Value>().await.unwrap()["field"].as_str().unwrap().starts_with("samples"));
+    let r = c.post(format!("{base}/v1/ingest/nonsense")).json(&json!({})).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let big = vec![0.0f32; 3_000_000];
+    let r = c.post(format!("{base}/v1/ingest/logits")).json(&json!({"logits": big})).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+
+    // /scores
+    let r: Value = c
+        .get(format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-1h"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["signal"], "kvf_ratio");
+    let series = r["series"].as_array().unwrap();
+    assert_eq!(series.len(), 1);
+    let v = series[0]["points"][0][1].as_f64().unwrap();
+    assert!((v - 13.0 / 7.0).abs() < 1e-12, "{r}");
+    let r = c.get(format!("{base}/scores?signal=kvf_ratio&since=yesterday")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["field"], "since");
+    assert_eq!(c.get(format!("{base}/scores")).send().await.unwrap().status(), 400);
+    assert_eq!(
+        c.get(format!("{base}/scores?signal=x&since=now-30d&step=1s")).send().await.unwrap().status(),
+        400
+    );
+    let latest: Value = c.get(format!("{base}/scores/latest")).send().await.unwrap().json().await.unwrap();
+    assert!(latest["signals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["signal"] == "tle_bits" && (s["value"].as_f64().unwrap() - 2.0).abs() < 1e-6));
+    assert!(latest["health"]["health_score"].as_f64().is_some(), "{latest}");
+
+    // /metrics on the metrics listener, OpenMetrics
+    let r = c.get(format!("http://{}/metrics", agent.metrics_addr.unwrap())).send().await.unwrap();
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = r.text().await.unwrap();
+    assert!(text.contains("omen_kvf_ratio{gpu=\"0\",layer=\"3\"} 1.857142857142857"), "{text}");
+    assert!(text.contains("omen_kvcache_usage_ratio{gpu=\"0\",layer=\"4\"} 0.9"), "{text}");
+    assert!(text.contains("omen_ingest_rejected_total{endpoint=\"kvcache\",status=\"422\"} 1"), "{text}");
+    assert!(text.contains("omen_health_score "), "{text}");
+    // the metrics listener does not accept pushes
+    assert_eq!(
+        c.post(format!("http://{}/v1/ingest/samples", agent.metrics_addr.unwrap()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    agent.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_is_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("OMEN_TEST_INGEST_TOKEN", "s3cret");
+    let agent = omen_agent::run::start(config(dir.path(), "  ingest_token_env: OMEN_TEST_INGEST_TOKEN\n"))
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/ingest/samples", agent.api_addr);
+    let body = json!({"samples": [{"signal": "x", "value": 1}]});
+    let c = client();
+    assert_eq!(c.post(&url).json(&body).send().await.unwrap().status(), 401);
+    assert_eq!(c.post(&url).bearer_auth("wrong").json(&body).send().await.unwrap().status(), 401);
+    assert_eq!(c.post(&url).bearer_auth("s3cret").json(&body).send().await.unwrap().status(), 200);
+    agent.stop().await.unwrap();
+}
+
+/// kill -9 right after acknowledged pushes: a restarted agent still has every one.
+#[test]
+fn kill_9_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = dir.path().join("omen.yaml");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut f = std::fs::File::create(&cfg_path).unwrap();
+    writeln!(
+        f,
+        "store:\n  path: {}\nhttp:\n  listen: 127.0.0.1:{port}",
+        dir.path().join("omen.db").display()
+    )
+    .unwrap();
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_omen"))
+            .args(["run", "--config", cfg_path.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let wait = |base: &str| {
+        rt.block_on(async {
+            let c = client();
+            for _ in 0..400 {
+                if let Ok(r) = c.get(format!("{base}/readyz")).send().await {
+                    if r.status() == 200 {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("agent not ready");
+        })
+    };
+    let mut child = start();
+    wait(&base);
+    let acked = rt.block_on(async {
+        let c = client();
+        let mut acked = 0;
+        for i in 0..50 {
+            let samples: Vec<Value> = (0..20)
+                .map(|j| json!({"signal": "acked", "labels": {"batch": i.to_string()}, "value": j}))
+                .collect();
+            let r = c
+                .post(format!("{base}/v1/ingest/samples"))
+                .json(&json!({ "samples": samples }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            acked += r.json::<Value>().await.unwrap()["accepted"].as_u64().unwrap();
+        }
+        acked
+    });
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let mut child = start();
+    wait(&base);
+    let series: usize = rt.block_on(async {
+        let r: Value = client()
+            .get(format!("{base}/scores?signal=acked&since=now-1h&step=1h"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["series"].as_array().unwrap().len()
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(series, 50);
+    let stored =
+        omen_agent::store::Store::open(&dir.path().join("omen.db")).unwrap().count("acked").unwrap() as u64;
+    assert_eq!(acked, 1000);
+    assert_eq!(stored, acked);
+}

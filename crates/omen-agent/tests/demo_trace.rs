@@ -1,0 +1,66 @@
+//! `make run`'s default: the agent replays the embedded demo trace through the
+//! live pipeline and then serves what it concluded.
+
+use std::time::Duration;
+
+use omen_agent::config::Config;
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = include_str!("../../../deploy/omen.local.yaml");
+    let mut cfg = Config::from_yaml(local).unwrap();
+    cfg.store.path = dir.path().join("omen.db");
+    cfg.http.listen = "127.0.0.1:0".parse().unwrap();
+    let trace = cfg.sources.trace.as_mut().unwrap();
+    trace.path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(&trace.path);
+
+    let mut agent = omen_agent::run::start(cfg).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(300), agent.trace_finished()).await.expect("trace replayed within 5 minutes");
+    let base = format!("http://{}", agent.api_addr);
+    let c = reqwest::Client::new();
+    // the pipeline drains its queue after the source finished
+    let mut latest = Value::Null;
+    for _ in 0..100 {
+        latest = c.get(format!("{base}/scores/latest")).send().await.unwrap().json().await.unwrap();
+        if latest["ts"] == "2026-11-14T23:50:00Z" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let health = &latest["health"];
+    assert!(health["health_score"].as_f64().unwrap() >= 0.6, "{health}");
+    let forecasts = health["forecasts"].as_array().unwrap();
+    let kv = forecasts.iter().find(|f| f["slo"] == "kv_usage").unwrap();
+    assert_eq!(kv["early_warning"], true, "{kv}");
+    let ttft = forecasts.iter().find(|f| f["slo"] == "ttft_p99").unwrap();
+    assert_eq!(ttft["early_warning"], false, "{ttft}");
+
+    // the model change on day 11.5 shows in the stored health history as critical
+    let r: Value = c
+        .get(format!("{base}/scores?signal=health_score&since=2026-11-12T11:00:00Z&until=2026-11-12T14:00:00Z&step=10m"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let peak = r["series"][0]["points"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).fold(0.0, f64::max);
+    assert!(peak >= 0.8, "{r}");
+    let before: Value = c
+        .get(format!("{base}/scores?signal=health_score&since=2026-11-02T00:00:00Z&until=2026-11-07T00:00:00Z&step=1h"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let calm = before["series"][0]["points"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).fold(0.0, f64::max);
+    assert!(calm < 0.6, "no alert before the drift is forecastable: {before}");
+
+    let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("omen_forecast_days_to_breach{slo=\"kv_usage\"}"), "{metrics}");
+    assert!(metrics.contains("omen_anomaly_score{"), "{metrics}");
+    agent.stop().await.unwrap();
+}

@@ -1,0 +1,418 @@
+//! Push-ingest payloads (`POST /v1/ingest/{kvcache,logits,samples}`): parsing,
+//! validation and conversion into samples. Every rejection says which field is
+//! wrong and how to fix it; the HTTP layer turns it into a 4xx.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use omen_signals::{
+    first_token_entropy_bits, first_token_entropy_from_top_logprobs, fragmentation_from_bitmap,
+    fragmentation_from_extents, Fragmentation,
+};
+use serde::Deserialize;
+
+use crate::Sample;
+
+/// Most samples one `/v1/ingest/samples` request may carry.
+pub const MAX_SAMPLES_PER_REQUEST: usize = 10_000;
+/// Most labels one sample may carry.
+pub const MAX_LABELS: usize = 8;
+/// Most layers one `/v1/ingest/kvcache` request may carry (8 GPUs x 128 layers).
+pub const MAX_LAYERS_PER_REQUEST: usize = 1024;
+/// Largest block pool per layer accepted in a block map.
+pub const MAX_BLOCKS_PER_LAYER: usize = 1 << 22;
+
+/// A payload that was rejected, naming the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct IngestError {
+    /// JSON path of the offending field, e.g. `layers[3].bitmap_b64`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub reason: String,
+}
+
+fn reject(field: impl Into<String>, reason: impl Into<String>) -> IngestError {
+    IngestError { field: field.into(), reason: reason.into() }
+}
+
+/// Timestamps in payloads: Unix milliseconds; absent means "now" (the caller's clock).
+fn resolve_ts(ts_ms: Option<i64>, now_ms: i64, field: &str) -> Result<i64, IngestError> {
+    match ts_ms {
+        None => Ok(now_ms),
+        Some(ts) if ts <= 0 => Err(reject(field, format!("{ts} is not a Unix time in milliseconds"))),
+        // More than a day in the future is a clock or unit error (seconds vs ms is the usual one).
+        Some(ts) if ts > now_ms + 86_400_000 => Err(reject(
+            field,
+            format!("{ts} is more than a day ahead of the agent's clock; send Unix milliseconds"),
+        )),
+        Some(ts) if ts < 1_000_000_000_000 => {
+            Err(reject(field, format!("{ts} looks like seconds; send Unix milliseconds")))
+        }
+        Some(ts) => Ok(ts),
+    }
+}
+
+/// Checks a signal or label name: `[a-z_][a-z0-9_]*`, at most 64 bytes (Prometheus-safe).
+pub fn check_name(field: &str, name: &str) -> Result<(), IngestError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_lowercase() || (i > 0 && b.is_ascii_digit()));
+    if ok {
+        Ok(())
+    } else {
+        Err(reject(field, format!("{name:?} is not a valid name; use lower-case letters, digits and _ (at most 64), not starting with a digit")))
+    }
+}
+
+// ---------------------------------------------------------------- kvcache
+
+/// `POST /v1/ingest/kvcache`: per-layer KV-cache state of one GPU / engine.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvCachePayload {
+    /// Unix ms; default now.
+    pub ts_ms: Option<i64>,
+    /// GPU index or name; becomes the `gpu` label.
+    pub gpu: Option<String>,
+    /// One entry per layer.
+    pub layers: Vec<KvLayer>,
+}
+
+/// One layer's KV block pool. Give `bitmap_b64` (+`num_blocks`), or `free_extents`
+/// (+`total_blocks`), or just `used_blocks` + `total_blocks` (usage only).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvLayer {
+    /// Layer index.
+    pub layer: u32,
+    /// Blocks in the pool.
+    pub total_blocks: Option<u64>,
+    /// Blocks in use.
+    pub used_blocks: Option<u64>,
+    /// Base64 of the occupancy bitmap, bit i % 8 of byte i / 8 set = block i in use.
+    pub bitmap_b64: Option<String>,
+    /// Number of blocks the bitmap describes.
+    pub num_blocks: Option<u64>,
+    /// Sizes of the free extents, in blocks.
+    pub free_extents: Option<Vec<u64>>,
+}
+
+/// Converts a kvcache payload into `kvcache_usage_ratio{layer}` and `kvf_ratio{layer}` samples.
+pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Sample>, IngestError> {
+    let ts_ms = resolve_ts(payload.ts_ms, now_ms, "ts_ms")?;
+    if payload.layers.is_empty() {
+        return Err(reject("layers", "is empty; send at least one layer"));
+    }
+    if payload.layers.len() > MAX_LAYERS_PER_REQUEST {
+        return Err(reject(
+            "layers",
+            format!("has {} entries; at most {MAX_LAYERS_PER_REQUEST} per request", payload.layers.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(payload.layers.len() * 2);
+    let mut seen = std::collections::HashSet::new();
+    for (i, layer) in payload.layers.iter().enumerate() {
+        let path = |f: &str| format!("layers[{i}].{f}");
+        if !seen.insert(layer.layer) {
+            return Err(reject(path("layer"), format!("layer {} appears twice", layer.layer)));
+        }
+        let (usage, fragmentation) = layer_state(layer, &path)?;
+        let mut labels = BTreeMap::new();
+        labels.insert("layer".to_owned(), layer.layer.to_string());
+        if let Some(gpu) = &payload.gpu {
+            labels.insert("gpu".to_owned(), gpu.clone());
+        }
+        out.push(Sample {
+            ts_ms,
+            signal: "kvcache_usage_ratio".into(),
+            labels: labels.clone(),
+            value: usage,
+        });
+        if let Some(f) = fragmentation {
+            out.push(Sample { ts_ms, signal: "kvf_ratio".into(), labels, value: f.kvf_ratio });
+        }
+    }
+    Ok(out)
+}
+
+fn layer_state(
+    layer: &KvLayer,
+    path: &dyn Fn(&str) -> String,
+) -> Result<(f64, Option<Fragmentation>), IngestError> {
+    match (&layer.bitmap_b64, &layer.free_extents) {
+        (Some(_), Some(_)) => {
+            Err(reject(path("bitmap_b64"), "give either bitmap_b64 or free_extents, not both"))
+        }
+        (Some(b64), None) => {
+            let blocks =
+                layer.num_blocks.ok_or_else(|| reject(path("num_blocks"), "is required with bitmap_b64"))?
+                    as usize;
+            if blocks == 0 || blocks > MAX_BLOCKS_PER_LAYER {
+                return Err(reject(
+                    path("num_blocks"),
+                    format!("{blocks} is outside 1..={MAX_BLOCKS_PER_LAYER}"),
+                ));
+            }
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| reject(path("bitmap_b64"), format!("is not valid base64 ({e})")))?;
+            if bytes.len() != blocks.div_ceil(8) {
+                return Err(reject(
+                    path("bitmap_b64"),
+                    format!(
+                        "decodes to {} bytes but num_blocks = {blocks} needs {}",
+                        bytes.len(),
+                        blocks.div_ceil(8)
+                    ),
+                ));
+            }
+            let words: Vec<u64> = bytes
+                .chunks(8)
+                .map(|c| {
+                    let mut w = [0u8; 8];
+                    w[..c.len()].copy_from_slice(c);
+                    u64::from_le_bytes(w)
+                })
+                .collect();
+            let f = fragmentation_from_bitmap(&words, blocks)
+                .map_err(|e| reject(path("bitmap_b64"), e.to_string()))?;
+            let used = blocks as u64 - f.total_free;
+            Ok((used as f64 / blocks as f64, Some(f)))
+        }
+        (None, Some(extents)) => {
+            let total = layer
+                .total_blocks
+                .ok_or_else(|| reject(path("total_blocks"), "is required with free_extents"))?;
+            let f = fragmentation_from_extents(extents.iter().copied());
+            if total == 0 || f.total_free > total {
+                return Err(reject(
+                    path("free_extents"),
+                    format!("sum to {} free blocks but total_blocks = {total}", f.total_free),
+                ));
+            }
+            Ok(((total - f.total_free) as f64 / total as f64, Some(f)))
+        }
+        (None, None) => {
+            let total = layer.total_blocks.ok_or_else(|| {
+                reject(
+                    path("total_blocks"),
+                    "give bitmap_b64, free_extents, or used_blocks with total_blocks",
+                )
+            })?;
+            let used = layer.used_blocks.ok_or_else(|| {
+                reject(path("used_blocks"), "is required with total_blocks when no block map is given")
+            })?;
+            if total == 0 || used > total {
+                return Err(reject(
+                    path("used_blocks"),
+                    format!("{used} used of {total} total is impossible"),
+                ));
+            }
+            Ok((used as f64 / total as f64, None))
+        }
+    }
+}
+
+// ---------------------------------------------------------------- logits
+
+/// `POST /v1/ingest/logits`: the first decoding step of a request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogitsPayload {
+    /// Unix ms; default now.
+    pub ts_ms: Option<i64>,
+    /// Canary or prompt id; becomes the `canary` label (default `pushed`).
+    pub canary: Option<String>,
+    /// Full first-step logits over the vocabulary.
+    pub logits: Option<Vec<Option<f32>>>,
+    /// Or: the top-k natural-log probabilities an API returned.
+    pub top_logprobs: Option<Vec<f64>>,
+    /// Vocabulary size, required with `top_logprobs`.
+    pub vocab_size: Option<usize>,
+}
+
+/// Converts a logits payload into `tle_bits{canary}` (and the upper bound for top-k input).
+pub fn logits_samples(payload: &LogitsPayload, now_ms: i64) -> Result<Vec<Sample>, IngestError> {
+    let ts_ms = resolve_ts(payload.ts_ms, now_ms, "ts_ms")?;
+    let canary = payload.canary.clone().unwrap_or_else(|| "pushed".to_owned());
+    if canary.is_empty() || canary.len() > 128 {
+        return Err(reject("canary", "must be 1 to 128 characters"));
+    }
+    let labels: BTreeMap<String, String> = [("canary".to_owned(), canary)].into();
+    let sample =
+        |signal: &str, value: f64| Sample { ts_ms, signal: signal.into(), labels: labels.clone(), value };
+    match (&payload.logits, &payload.top_logprobs) {
+        (Some(_), Some(_)) => Err(reject("logits", "give either logits or top_logprobs, not both")),
+        (Some(logits), None) => {
+            // JSON has no -inf: null marks a masked token.
+            let values: Vec<f32> = logits.iter().map(|v| v.unwrap_or(f32::NEG_INFINITY)).collect();
+            let h = first_token_entropy_bits(&values).map_err(|e| reject("logits", e.to_string()))?;
+            Ok(vec![sample("tle_bits", h)])
+        }
+        (None, Some(lp)) => {
+            let vocab = payload.vocab_size.ok_or_else(|| {
+                reject("vocab_size", "is required with top_logprobs (the model's vocabulary size)")
+            })?;
+            let r = first_token_entropy_from_top_logprobs(lp, vocab)
+                .map_err(|e| reject("top_logprobs", e.to_string()))?;
+            Ok(vec![sample("tle_bits", r.entropy_bits), sample("tle_bits_upper", r.upper_bits)])
+        }
+        (None, None) => {
+            Err(reject("logits", "give logits (full vocabulary) or top_logprobs with vocab_size"))
+        }
+    }
+}
+
+// ---------------------------------------------------------------- generic samples
+
+/// `POST /v1/ingest/samples`: generic samples.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplesPayload {
+    /// The samples.
+    pub samples: Vec<PushedSample>,
+}
+
+/// One pushed sample.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushedSample {
+    /// Unix ms; default now.
+    pub ts_ms: Option<i64>,
+    /// Signal name, `[a-z_][a-z0-9_]*`.
+    pub signal: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Value; must be finite.
+    pub value: f64,
+}
+
+/// Validates generic samples.
+pub fn generic_samples(payload: &SamplesPayload, now_ms: i64) -> Result<Vec<Sample>, IngestError> {
+    if payload.samples.is_empty() {
+        return Err(reject("samples", "is empty"));
+    }
+    if payload.samples.len() > MAX_SAMPLES_PER_REQUEST {
+        return Err(reject(
+            "samples",
+            format!("has {} entries; at most {MAX_SAMPLES_PER_REQUEST} per request", payload.samples.len()),
+        ));
+    }
+    payload
+        .samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let ts_ms = resolve_ts(s.ts_ms, now_ms, &format!("samples[{i}].ts_ms"))?;
+            check_name(&format!("samples[{i}].signal"), &s.signal)?;
+            if s.labels.len() > MAX_LABELS {
+                return Err(reject(
+                    format!("samples[{i}].labels"),
+                    format!("has {} labels; at most {MAX_LABELS}", s.labels.len()),
+                ));
+            }
+            for (k, v) in &s.labels {
+                check_name(&format!("samples[{i}].labels"), k)?;
+                if v.len() > 128 {
+                    return Err(reject(format!("samples[{i}].labels.{k}"), "is longer than 128 bytes"));
+                }
+            }
+            if !s.value.is_finite() {
+                return Err(reject(format!("samples[{i}].value"), "must be a finite number"));
+            }
+            Ok(Sample { ts_ms, signal: s.signal.clone(), labels: s.labels.clone(), value: s.value })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_793_613_600_000;
+
+    fn kv(json: &str) -> Result<Vec<Sample>, IngestError> {
+        kvcache_samples(&serde_json::from_str(json).unwrap(), NOW)
+    }
+
+    #[test]
+    fn kvcache_bitmap_gives_usage_and_kvf() {
+        // 16 blocks: used 0,1 and 8; free runs 2..8 (6) and 9..16 (7)
+        let bitmap = base64::engine::general_purpose::STANDARD.encode([0b0000_0011u8, 0b0000_0001]);
+        let s = kv(&format!(
+            r#"{{"gpu": "0", "layers": [{{"layer": 3, "bitmap_b64": "{bitmap}", "num_blocks": 16}}]}}"#
+        ))
+        .unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].signal, "kvcache_usage_ratio");
+        assert!((s[0].value - 3.0 / 16.0).abs() < 1e-12);
+        assert_eq!(s[1].signal, "kvf_ratio");
+        assert!((s[1].value - 13.0 / 7.0).abs() < 1e-12);
+        assert_eq!(s[1].labels["layer"], "3");
+        assert_eq!(s[1].labels["gpu"], "0");
+        assert_eq!(s[0].ts_ms, NOW);
+    }
+
+    #[test]
+    fn kvcache_errors_name_the_field() {
+        let e = kv(r#"{"layers": [{"layer": 1, "total_blocks": 10, "used_blocks": 11}]}"#).unwrap_err();
+        assert_eq!(e.field, "layers[0].used_blocks");
+        let e = kv(r#"{"layers": [{"layer": 1, "bitmap_b64": "!!", "num_blocks": 8}]}"#).unwrap_err();
+        assert_eq!(e.field, "layers[0].bitmap_b64");
+        let e = kv(r#"{"layers": [{"layer": 1, "bitmap_b64": "AA==", "num_blocks": 9}]}"#).unwrap_err();
+        assert!(e.reason.contains("needs 2"), "{e}");
+        let e = kv(r#"{"layers": []}"#).unwrap_err();
+        assert_eq!(e.field, "layers");
+        let e = kv(r#"{"ts_ms": 1793613600, "layers": [{"layer": 1, "total_blocks": 4, "used_blocks": 1}]}"#)
+            .unwrap_err();
+        assert!(e.reason.contains("seconds"), "{e}");
+        let e = kv(r#"{"layers": [{"layer": 1, "total_blocks": 4, "used_blocks": 1}, {"layer": 1, "total_blocks": 4, "used_blocks": 1}]}"#).unwrap_err();
+        assert!(e.reason.contains("twice"));
+    }
+
+    #[test]
+    fn kvcache_extents_and_usage_only() {
+        let s = kv(r#"{"layers": [{"layer": 0, "total_blocks": 100, "free_extents": [10, 30]}, {"layer": 1, "total_blocks": 8, "used_blocks": 2}]}"#).unwrap();
+        assert_eq!(s.len(), 3);
+        assert!((s[0].value - 0.6).abs() < 1e-12);
+        assert!((s[1].value - 40.0 / 30.0).abs() < 1e-12);
+        assert!((s[2].value - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn logits_full_and_topk() {
+        let p: LogitsPayload =
+            serde_json::from_str(r#"{"canary": "c1", "logits": [0.0, 0.0, null, 0.0, 0.0]}"#).unwrap();
+        let s = logits_samples(&p, NOW).unwrap();
+        assert!((s[0].value - 2.0).abs() < 1e-6);
+        assert_eq!(s[0].labels["canary"], "c1");
+        let p: LogitsPayload =
+            serde_json::from_str(r#"{"top_logprobs": [-0.1, -3.0], "vocab_size": 32000}"#).unwrap();
+        let s = logits_samples(&p, NOW).unwrap();
+        assert_eq!(s.len(), 2);
+        assert!(s[0].value <= s[1].value);
+        let p: LogitsPayload = serde_json::from_str(r#"{"top_logprobs": [-0.1]}"#).unwrap();
+        assert_eq!(logits_samples(&p, NOW).unwrap_err().field, "vocab_size");
+        let p: LogitsPayload = serde_json::from_str(r#"{"logits": []}"#).unwrap();
+        assert_eq!(logits_samples(&p, NOW).unwrap_err().field, "logits");
+    }
+
+    #[test]
+    fn generic_samples_are_validated() {
+        let p: SamplesPayload = serde_json::from_str(
+            r#"{"samples": [{"signal": "queue_depth", "labels": {"pool": "a"}, "value": 3}]}"#,
+        )
+        .unwrap();
+        assert_eq!(generic_samples(&p, NOW).unwrap()[0].value, 3.0);
+        let p: SamplesPayload =
+            serde_json::from_str(r#"{"samples": [{"signal": "Queue-Depth", "value": 3}]}"#).unwrap();
+        assert_eq!(generic_samples(&p, NOW).unwrap_err().field, "samples[0].signal");
+        let p: SamplesPayload = serde_json::from_str(r#"{"samples": []}"#).unwrap();
+        assert!(generic_samples(&p, NOW).is_err());
+    }
+}

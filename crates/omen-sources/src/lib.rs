@@ -1,0 +1,15 @@
+//! Collectors that turn the outside world into omen samples: trace readers,
+//! push-ingest payloads, server /metrics scrapes, canary probes and NVML.
+
+pub mod canary;
+pub mod ingest;
+pub mod nvml;
+pub mod sample;
+pub mod scrape;
+pub mod trace;
+
+pub use canary::{probe, Canary, CanaryError, CanaryResult, CanaryTarget};
+pub use nvml::{GpuSampler, NvmlError};
+pub use sample::{Sample, SeriesKey};
+pub use scrape::{ScrapeError, Scraper, ServerKind};
+pub use trace::{read_jsonl_trace, TraceError};

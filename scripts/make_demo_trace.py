@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Write the embedded demo trace deploy/traces/demo-degradation.jsonl.gz (deterministic).
+
+14 days at 10-minute resolution of one vLLM-like replica: KV usage and KV
+fragmentation creep (slow drifts the 14-day forecast should catch), a slow VRAM
+leak, a TTFT drift, and on day 11.5 a silent model change that shifts TLE and
+RCI (an abrupt fault the window scores should flag). `make run` replays it.
+"""
+
+import gzip
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent.parent / "deploy" / "traces" / "demo-degradation.jsonl.gz"
+START = int(datetime(2026, 11, 1, tzinfo=timezone.utc).timestamp() * 1000)
+STEP_MS = 10 * 60_000
+DAYS = 14
+CHANGE_DAY = 11.5
+
+
+def main() -> None:
+    rng = np.random.default_rng(2026)
+    steps = DAYS * 24 * 6
+    lines = []
+    for i in range(steps):
+        ts = START + i * STEP_MS
+        day = i / (24 * 6)
+        daily = math.sin(2 * math.pi * (day % 1.0) - math.pi / 2)  # low at night, high mid-day
+        out = []
+        for layer in range(4):
+            usage = 0.55 + 0.022 * day + 0.06 * daily + rng.normal(0, 0.01)
+            out.append(("kvcache_usage_ratio", {"gpu": "0", "layer": str(layer)}, min(max(usage, 0.0), 1.0)))
+            kvf = 1.12 + (0.025 + 0.004 * layer) * day + abs(rng.normal(0, 0.02))
+            out.append(("kvf_ratio", {"gpu": "0", "layer": str(layer)}, max(kvf, 1.0)))
+        ttft = 0.08 * (1 + 0.02 * day) * (1 + 0.25 * max(daily, 0)) * math.exp(rng.normal(0, 0.15))
+        out.append(("canary_ttft_seconds", {"canary": "capital"}, ttft))
+        changed = day >= CHANGE_DAY
+        out.append(("tle_bits", {"canary": "capital"}, (1.45 if changed else 1.20) + rng.normal(0, 0.004)))
+        out.append(("rci", {"canary": "capital"}, min(max((0.22 if changed else 0.08) + rng.normal(0, 0.01), 0.0), 1.0)))
+        out.append(("gpu_memory_used_bytes", {"gpu": "0"}, 60e9 + 0.4e9 * day + rng.normal(0, 0.05e9)))
+        out.append(("gpu_memory_total_bytes", {"gpu": "0"}, 80e9))
+        for signal, labels, value in out:
+            lines.append(json.dumps({"ts_ms": ts, "signal": signal, "labels": labels, "value": float(f"{value:.6g}")}, sort_keys=True))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(OUT, "wb", mtime=0) as f:
+        f.write(("\n".join(lines) + "\n").encode())
+    print(f"wrote {OUT} ({len(lines)} samples, {OUT.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()
