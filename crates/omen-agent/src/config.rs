@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Local SQLite store.
@@ -28,13 +28,17 @@ pub struct Config {
 }
 
 /// SQLite store location and retention.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Database file; its folder is created if missing.
     pub path: PathBuf,
     /// Days of raw samples kept.
     pub raw_retention_days: u32,
+    /// At most one raw sample per series per interval is kept; every sample still
+    /// enters its minute aggregate and the anomaly score (1 Hz x 640 layers would be 55M rows a day).
+    #[serde(with = "humantime_serde")]
+    pub raw_min_interval: Duration,
     /// Days of minute aggregates kept.
     pub minute_retention_days: u32,
     /// Days of day aggregates kept.
@@ -46,6 +50,7 @@ impl Default for StoreConfig {
         Self {
             path: PathBuf::from("/var/lib/omen/omen.db"),
             raw_retention_days: 7,
+            raw_min_interval: Duration::from_secs(10),
             minute_retention_days: 45,
             day_retention_days: 400,
         }
@@ -53,7 +58,7 @@ impl Default for StoreConfig {
 }
 
 /// HTTP listeners.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     /// API, ingest and /metrics. Loopback by default.
@@ -81,15 +86,80 @@ impl Default for HttpConfig {
 }
 
 /// Sample sources; each runs on its own interval.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SourcesConfig {
     /// Replay a recorded JSONL trace as if live.
     pub trace: Option<TraceSourceConfig>,
+    /// Canary prompts sent to the inference server.
+    pub canary: Option<CanarySourceConfig>,
+    /// Scrape of the inference server's Prometheus /metrics.
+    pub server_metrics: Option<ServerMetricsConfig>,
+    /// GPU memory through NVML (off by itself when no NVML library is present).
+    pub nvml: NvmlSourceConfig,
+}
+
+/// Canary prober.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanarySourceConfig {
+    /// Time between probe rounds (every prompt once per round).
+    #[serde(default = "default_canary_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// The OpenAI-compatible endpoint.
+    pub target: omen_sources::CanaryTarget,
+    /// Environment variable holding the API key, if the server needs one.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The canary prompts.
+    pub prompts: Vec<omen_sources::Canary>,
+}
+
+fn default_canary_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// Inference-server /metrics scrape.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerMetricsConfig {
+    /// e.g. http://127.0.0.1:8000/metrics
+    pub url: String,
+    /// Scrape interval.
+    #[serde(default = "default_scrape_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Request timeout.
+    #[serde(default = "default_scrape_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+fn default_scrape_interval() -> Duration {
+    Duration::from_secs(15)
+}
+
+fn default_scrape_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// NVML sampling.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NvmlSourceConfig {
+    /// Try NVML at start-up.
+    pub enabled: bool,
+    /// Sampling interval.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for NvmlSourceConfig {
+    fn default() -> Self {
+        Self { enabled: true, interval: Duration::from_secs(10) }
+    }
 }
 
 /// Trace replay source.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceSourceConfig {
     /// JSONL trace file.
@@ -100,7 +170,7 @@ pub struct TraceSourceConfig {
 }
 
 /// Signal parameters.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SignalsConfig {
     /// Window length of the anomaly score, in samples.
@@ -132,7 +202,7 @@ impl Default for SignalsConfig {
 }
 
 /// RCI weights.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RciWeightsConfig {
     /// a
@@ -150,7 +220,7 @@ impl Default for RciWeightsConfig {
 }
 
 /// Health score bands.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
     /// Warning from here (inclusive).
@@ -169,7 +239,7 @@ impl Default for HealthConfig {
 }
 
 /// Forecasts of SLO indicators.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ForecastConfig {
     /// Early-warning horizon, days.
@@ -203,7 +273,7 @@ impl Default for ForecastConfig {
 }
 
 /// One SLO: a daily indicator and the threshold it must not cross.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SloConfig {
     /// Label value of `omen_forecast_days_to_breach{slo}`.
@@ -224,7 +294,7 @@ impl SloConfig {
 }
 
 /// Daily SLO indicators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SloIndicator {
     /// Daily p99 of canary TTFT (seconds).
@@ -240,7 +310,7 @@ pub enum SloIndicator {
 }
 
 /// Breach direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Breach above the threshold.
@@ -251,7 +321,7 @@ pub enum Direction {
 }
 
 /// OTLP metrics export.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtlpConfig {
     /// gRPC endpoint, e.g. http://127.0.0.1:4317.
@@ -353,6 +423,40 @@ impl Config {
             if !(t.speed >= 0.0 && t.speed.is_finite()) {
                 bad("sources.trace.speed", format!("{} must be >= 0 (0 = as fast as possible)", t.speed));
             }
+        }
+        if let Some(c) = &self.sources.canary {
+            if let Err(e) = c.target.validate() {
+                bad("sources.canary.target", e.to_string());
+            }
+            if c.prompts.is_empty() {
+                bad(
+                    "sources.canary.prompts",
+                    "is empty; give at least one {id, prompt} or remove sources.canary".into(),
+                );
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (i, prompt) in c.prompts.iter().enumerate() {
+                if let Err(e) = prompt.validate() {
+                    bad(&format!("sources.canary.prompts[{i}]"), e.to_string());
+                }
+                if !ids.insert(prompt.id.clone()) {
+                    bad(&format!("sources.canary.prompts[{i}].id"), format!("{:?} is used twice", prompt.id));
+                }
+            }
+            if c.interval < Duration::from_secs(1) {
+                bad("sources.canary.interval", "must be at least 1s".into());
+            }
+        }
+        if let Some(m) = &self.sources.server_metrics {
+            if let Err(e) = omen_sources::Scraper::new(&m.url) {
+                bad("sources.server_metrics.url", e.to_string());
+            }
+            if m.interval < Duration::from_secs(1) {
+                bad("sources.server_metrics.interval", "must be at least 1s".into());
+            }
+        }
+        if self.sources.nvml.interval < Duration::from_millis(100) {
+            bad("sources.nvml.interval", "must be at least 100ms".into());
         }
         if self.signals.window < 3 {
             bad(

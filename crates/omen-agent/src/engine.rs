@@ -122,6 +122,9 @@ const HOLD_SIGMAS: f64 = 3.0;
 struct SeriesState {
     scorer: WindowAnomaly,
     onset: Option<Onset>,
+    /// Time of the last raw sample stored (decimation).
+    last_raw_ms: Option<i64>,
+    last_anomaly_raw_ms: Option<i64>,
     last_score: f64,
     last_value: f64,
     last_ts: i64,
@@ -187,13 +190,24 @@ impl Engine {
     /// Scores, stores and publishes a batch; ticks when event time passes the health interval.
     /// Returns after the batch is committed to the store.
     pub fn process(&mut self, samples: Vec<Sample>) -> Result<usize> {
-        let mut derived = Vec::new();
+        // (sample, keep raw) for what the engine derives: anomaly scores, VRAM headroom.
+        let mut derived: Vec<(Sample, bool)> = Vec::new();
+        let mut keep_raw = Vec::with_capacity(samples.len());
+        let raw_every = self.cfg.store.raw_min_interval.as_millis() as i64;
+        let keep = |last: &mut Option<i64>, ts: i64| {
+            let k = last.is_none_or(|l| ts - l >= raw_every || ts < l);
+            if k {
+                *last = Some(ts);
+            }
+            k
+        };
         for s in &samples {
             self.clock_ms = self.clock_ms.max(s.ts_ms);
             let labels = to_labels(&s.labels);
             self.live.set_gauge(&s.signal, labels.clone(), s.value);
             self.observe_special(s, &mut derived);
             if DERIVED.contains(&s.signal.as_str()) {
+                keep_raw.push(true);
                 continue;
             }
             let key = s.series_key();
@@ -201,12 +215,15 @@ impl Engine {
             let state = self.series.entry(key).or_insert_with(|| SeriesState {
                 scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
                 onset: None,
+                last_raw_ms: None,
+                last_anomaly_raw_ms: None,
                 last_score: 0.0,
                 last_value: s.value,
                 last_ts: s.ts_ms,
             });
             state.last_value = s.value;
             state.last_ts = s.ts_ms;
+            keep_raw.push(keep(&mut state.last_raw_ms, s.ts_ms));
             // Values were validated as finite by every source; a failure here is a bug upstream.
             if let Some(score) = state.scorer.push(s.value)? {
                 state.last_score = score.score;
@@ -214,18 +231,24 @@ impl Engine {
                 let mut a_labels = s.labels.clone();
                 a_labels.insert("signal".into(), s.signal.clone());
                 self.live.set_gauge("anomaly_score", to_labels(&a_labels), score.score);
-                derived.push(Sample {
+                let keep_score = keep(&mut state.last_anomaly_raw_ms, s.ts_ms);
+                let anomaly = Sample {
                     ts_ms: s.ts_ms,
                     signal: "anomaly_score".into(),
                     labels: a_labels,
                     value: score.score,
-                });
+                };
+                derived.push((anomaly, keep_score));
             }
         }
         let n = samples.len();
         let mut all = samples;
-        all.extend(derived);
-        self.store.insert(&all)?;
+        let mut flags = keep_raw;
+        for (sample, keep) in derived {
+            all.push(sample);
+            flags.push(keep);
+        }
+        self.store.insert_with_raw(&all, &flags)?;
         self.live.samples_ingested.inc_by(n as u64);
         let due = match self.last_tick_ms {
             None => true,
@@ -238,7 +261,7 @@ impl Engine {
     }
 
     /// Canary latencies feed the histograms; GPU used/total pairs give headroom.
-    fn observe_special(&mut self, s: &Sample, derived: &mut Vec<Sample>) {
+    fn observe_special(&mut self, s: &Sample, derived: &mut Vec<(Sample, bool)>) {
         let canary_labels = || to_labels(&s.labels);
         match s.signal.as_str() {
             "canary_ttft_seconds" => self.live.record_latency("ttft_seconds", canary_labels(), s.value),
@@ -256,12 +279,13 @@ impl Engine {
                     if total > 0.0 {
                         *entry = (None, None);
                         let labels: BTreeMap<String, String> = [("gpu".to_owned(), gpu)].into();
-                        derived.push(Sample {
+                        let headroom = Sample {
                             ts_ms: s.ts_ms,
                             signal: "gpu_memory_headroom_ratio".into(),
                             labels,
                             value: (1.0 - used / total).clamp(0.0, 1.0),
-                        });
+                        };
+                        derived.push((headroom, true));
                     }
                 }
             }
@@ -434,14 +458,13 @@ impl Engine {
 
     /// (day midpoint in days since the epoch, indicator) for complete days in [from, until).
     fn daily_indicator(&self, slo: &SloConfig, from_ms: i64, until_ms: i64) -> Result<Vec<(f64, f64)>> {
-        let (signal, pick, combine): (&str, PickDaily, CombineSeries) =
-            match slo.indicator {
-                SloIndicator::TtftP99 => ("canary_ttft_seconds", |d| d.p99, max_of),
-                SloIndicator::KvUsage => ("kvcache_usage_ratio", |d| d.p95, max_of),
-                SloIndicator::Kvf => ("kvf_ratio", |d| d.p95, max_of),
-                SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", |d| d.min, min_of),
-                SloIndicator::Rci => ("rci", |d| d.mean, mean_of),
-            };
+        let (signal, pick, combine): (&str, PickDaily, CombineSeries) = match slo.indicator {
+            SloIndicator::TtftP99 => ("canary_ttft_seconds", |d| d.p99, max_of),
+            SloIndicator::KvUsage => ("kvcache_usage_ratio", |d| d.p95, max_of),
+            SloIndicator::Kvf => ("kvf_ratio", |d| d.p95, max_of),
+            SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", |d| d.min, min_of),
+            SloIndicator::Rci => ("rci", |d| d.mean, mean_of),
+        };
         let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
         for d in self.store.day_aggregates(signal, from_ms, until_ms)? {
             by_day.entry(d.day_ms).or_default().push(pick(&d));

@@ -5,6 +5,7 @@ pub mod config;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod otlp;
 pub mod replay;
 pub mod run;
 pub mod store;

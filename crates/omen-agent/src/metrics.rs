@@ -27,25 +27,25 @@ const LATENCY_BUCKETS: [f64; 16] =
 /// Help text of the exported gauges (DESIGN.md names, prefix added on export).
 pub fn help_for(name: &str) -> &'static str {
     match name {
-        "tle_bits" => "First-token entropy of a canary prompt, bits (lower bound from top-k logprobs).",
-        "tle_bits_upper" => "Upper bound of the first-token entropy from top-k logprobs, bits.",
-        "rci" => "Consistency decay index of a canary answer, [0,1], higher is worse.",
-        "rci_bleu" => "Sentence BLEU of a canary answer against its reference, [0,1].",
-        "rci_bertscore_f1" => "BERTScore F1 of a canary answer against its reference, [0,1].",
-        "rci_repetition_ratio" => "1 - distinct/total 3-grams of a canary answer.",
-        "kvf_ratio" => "KV-cache fragmentation: total free / largest free extent (>= 1).",
-        "kvcache_usage_ratio" => "KV-cache blocks in use / total, per layer.",
-        "gpu_memory_used_bytes" => "GPU memory in use, bytes (NVML).",
-        "gpu_memory_total_bytes" => "GPU memory in total, bytes (NVML).",
-        "gpu_memory_headroom_ratio" => "1 - used/total GPU memory.",
-        "anomaly_score" => "Sliding-window anomaly score |x-mean|/(std+1e-8) + 0.3|skew| of a signal.",
-        "lstm_ae_score" => "LSTM autoencoder anomaly score, [0,1].",
-        "health_score" => "Combined degradation score, [0,1]: 0 healthy, >= 0.6 warning, >= 0.8 critical.",
-        "forecast_days_to_breach" => "Days until the SLO indicator's Theil-Sen trend crosses its threshold.",
-        "forecast_days_to_breach_upper" => "Far end of the days_to_breach interval.",
-        "source_up" => "1 when the source's last collection succeeded, else 0.",
-        "build_info" => "omen build information.",
-        _ => "Latest value of a pushed or collected signal.",
+        "tle_bits" => "First-token entropy of a canary prompt, bits (lower bound from top-k logprobs)",
+        "tle_bits_upper" => "Upper bound of the first-token entropy from top-k logprobs, bits",
+        "rci" => "Consistency decay index of a canary answer, [0,1], higher is worse",
+        "rci_bleu" => "Sentence BLEU of a canary answer against its reference, [0,1]",
+        "rci_bertscore_f1" => "BERTScore F1 of a canary answer against its reference, [0,1]",
+        "rci_repetition_ratio" => "1 - distinct/total 3-grams of a canary answer",
+        "kvf_ratio" => "KV-cache fragmentation: total free / largest free extent (>= 1)",
+        "kvcache_usage_ratio" => "KV-cache blocks in use / total, per layer",
+        "gpu_memory_used_bytes" => "GPU memory in use, bytes (NVML)",
+        "gpu_memory_total_bytes" => "GPU memory in total, bytes (NVML)",
+        "gpu_memory_headroom_ratio" => "1 - used/total GPU memory",
+        "anomaly_score" => "Sliding-window anomaly score |x-mean|/(std+1e-8) + 0.3|skew| of a signal",
+        "lstm_ae_score" => "LSTM autoencoder anomaly score, [0,1]",
+        "health_score" => "Combined degradation score, [0,1]: 0 healthy, >= 0.6 warning, >= 0.8 critical",
+        "forecast_days_to_breach" => "Days until the SLO indicator's Theil-Sen trend crosses its threshold",
+        "forecast_days_to_breach_upper" => "Far end of the days_to_breach interval",
+        "source_up" => "1 when the source's last collection succeeded, else 0",
+        "build_info" => "omen build information",
+        _ => "Latest value of a pushed or collected signal",
     }
 }
 
@@ -233,12 +233,12 @@ impl Collector for GaugeCollector {
 /// A prometheus-client registry (prefix `omen`) over the live state.
 pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
     let mut registry = Registry::with_prefix("omen");
-    registry.register("ttft_seconds", "Canary time to first token, seconds.", live.ttft.clone());
-    registry.register("tpot_seconds", "Canary time per output token, seconds.", live.tpot.clone());
-    registry.register("e2e_seconds", "Canary end-to-end latency, seconds.", live.e2e.clone());
-    registry.register("samples_ingested", "Samples accepted by the pipeline.", live.samples_ingested.clone());
-    registry.register("shed", "Samples or requests shed under load, by reason.", live.shed.clone());
-    registry.register("ingest_rejected", "Pushes rejected with a 4xx, by endpoint.", live.rejected.clone());
+    registry.register("ttft_seconds", "Canary time to first token, seconds", live.ttft.clone());
+    registry.register("tpot_seconds", "Canary time per output token, seconds", live.tpot.clone());
+    registry.register("e2e_seconds", "Canary end-to-end latency, seconds", live.e2e.clone());
+    registry.register("samples_ingested", "Samples accepted by the pipeline", live.samples_ingested.clone());
+    registry.register("shed", "Samples or requests shed under load, by reason", live.shed.clone());
+    registry.register("ingest_rejected", "Pushes rejected with a 4xx, by endpoint", live.rejected.clone());
     registry.register_collector(Box::new(GaugeCollector(live)));
     registry
 }

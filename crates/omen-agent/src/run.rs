@@ -156,8 +156,171 @@ pub async fn start(cfg: Config) -> Result<Agent> {
             let _ = trace_done_tx.send(true);
         }));
     }
+    spawn_live_sources(&cfg, &store, &live, &ingest_tx, &shutdown_rx, &mut servers)?;
     drop(ingest_tx);
     Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done })
+}
+
+fn source_up(live: &LiveMetrics, source: &str, up: bool) {
+    live.set_gauge("source_up", vec![("source".into(), source.into())], if up { 1.0 } else { 0.0 });
+}
+
+/// A task that runs `tick` every `interval` until shutdown.
+fn every<F, Fut>(
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut tick: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(interval);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = timer.tick() => tick().await,
+                _ = stop.changed() => return,
+            }
+        }
+    })
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Hands a source's samples to the pipeline; our sources never block on a full
+/// queue: they shed the round and count it.
+fn offer(live: &LiveMetrics, tx: &mpsc::Sender<IngestJob>, samples: Vec<omen_sources::Sample>, source: &str) {
+    let n = samples.len() as u64;
+    if !samples.is_empty() && tx.try_send(IngestJob { samples, ack: None }).is_err() {
+        live.shed.get_or_create(&vec![("reason".into(), format!("queue_full_{source}"))]).inc_by(n);
+    }
+}
+
+/// NVML, server /metrics and the canary prober, each on its own interval.
+fn spawn_live_sources(
+    cfg: &Arc<Config>,
+    store: &Arc<Store>,
+    live: &Arc<LiveMetrics>,
+    tx: &mpsc::Sender<IngestJob>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<()> {
+    if cfg.sources.nvml.enabled {
+        match omen_sources::GpuSampler::new() {
+            Ok(sampler) => {
+                info!(gpus = sampler.gpu_count(), "NVML: sampling GPU memory");
+                let sampler = Arc::new(sampler);
+                let (live, tx) = (live.clone(), tx.clone());
+                tasks.push(every(cfg.sources.nvml.interval, stop.clone(), move || {
+                    let (sampler, live, tx) = (sampler.clone(), live.clone(), tx.clone());
+                    async move {
+                        match tokio::task::spawn_blocking(move || sampler.sample_with_errors(now_ms())).await
+                        {
+                            Ok((samples, errors)) => {
+                                for e in &errors {
+                                    warn!("NVML: {e}");
+                                }
+                                source_up(&live, "nvml", errors.is_empty());
+                                offer(&live, &tx, samples, "nvml");
+                            }
+                            Err(e) => {
+                                source_up(&live, "nvml", false);
+                                warn!("NVML sampling task failed: {e}");
+                            }
+                        }
+                    }
+                }));
+            }
+            // No GPU here: say so once and keep running without GPU signals.
+            Err(e) => info!("{e}"),
+        }
+    }
+    if let Some(m) = cfg.sources.server_metrics.clone() {
+        let scraper = omen_sources::Scraper::new(&m.url)?.with_timeout(m.timeout);
+        let scraper = Arc::new(tokio::sync::Mutex::new(scraper));
+        let client = reqwest::Client::builder().timeout(m.timeout).build()?;
+        let (live, tx) = (live.clone(), tx.clone());
+        tasks.push(every(m.interval, stop.clone(), move || {
+            let (scraper, client, live, tx) = (scraper.clone(), client.clone(), live.clone(), tx.clone());
+            async move {
+                let mut s = scraper.lock().await;
+                match s.scrape(&client, now_ms()).await {
+                    Ok(samples) => {
+                        source_up(&live, "server_metrics", true);
+                        offer(&live, &tx, samples, "server_metrics");
+                    }
+                    Err(e) => {
+                        source_up(&live, "server_metrics", false);
+                        warn!("server metrics: {e}");
+                    }
+                }
+            }
+        }));
+    }
+    if let Some(c) = cfg.sources.canary.clone() {
+        let mut target = c.target.clone();
+        if let Some(var) = &c.api_key_env {
+            target.api_key = Some(std::env::var(var).with_context(|| {
+                format!("sources.canary.api_key_env: environment variable {var} is not set; export it or remove the key")
+            })?);
+        }
+        let w = &cfg.signals.rci_weights;
+        let weights = omen_signals::RciWeights::new(w.bleu, w.semantic, w.repetition)?;
+        let client = reqwest::Client::builder().build()?;
+        let target = Arc::new(target);
+        let prompts = Arc::new(c.prompts.clone());
+        let (live, tx, store) = (live.clone(), tx.clone(), store.clone());
+        tasks.push(every(c.interval, stop.clone(), move || {
+            let (client, target, prompts, live, tx, store) =
+                (client.clone(), target.clone(), prompts.clone(), live.clone(), tx.clone(), store.clone());
+            async move {
+                let mut all_ok = true;
+                for canary in prompts.iter() {
+                    match probe_canary(&client, &target, canary, &store, weights).await {
+                        Ok(samples) => offer(&live, &tx, samples, "canary"),
+                        Err(e) => {
+                            all_ok = false;
+                            warn!(canary = %canary.id, "canary probe failed: {e:#}");
+                        }
+                    }
+                }
+                source_up(&live, "canary", all_ok);
+            }
+        }));
+    }
+    Ok(())
+}
+
+/// One probe; the first answer of a canary without a configured reference becomes its stored reference.
+async fn probe_canary(
+    client: &reqwest::Client,
+    target: &omen_sources::CanaryTarget,
+    canary: &omen_sources::Canary,
+    store: &Arc<Store>,
+    weights: omen_signals::RciWeights,
+) -> Result<Vec<omen_sources::Sample>> {
+    let stored = match &canary.reference {
+        Some(_) => None,
+        None => {
+            let (store, id) = (store.clone(), canary.id.clone());
+            tokio::task::spawn_blocking(move || store.canary_reference(&id)).await??
+        }
+    };
+    let reference = match stored {
+        Some(text) => Some(Arc::new(omen_signals::BleuReference::new(&[text])?)),
+        None => None,
+    };
+    let result = omen_sources::probe(client, target, canary, reference, weights).await?;
+    if canary.reference.is_none() && result.rci.is_none() {
+        let (store, id, answer) = (store.clone(), canary.id.clone(), result.answer.clone());
+        tokio::task::spawn_blocking(move || store.set_canary_reference(&id, &answer, now_ms())).await??;
+        info!(canary = %canary.id, "captured the canary's reference answer");
+    }
+    Ok(result.samples(now_ms(), &canary.id))
 }
 
 fn serve(

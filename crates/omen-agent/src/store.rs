@@ -166,13 +166,19 @@ impl Store {
 
     /// Writes samples and their minute aggregates in one transaction; returns after commit.
     pub fn insert(&self, samples: &[Sample]) -> Result<()> {
+        self.insert_with_raw(samples, &[])
+    }
+
+    /// As [`Store::insert`], but samples whose `keep_raw` entry is false only update
+    /// their minute aggregate (decimation of high-rate series). A shorter `keep_raw` keeps the rest raw.
+    pub fn insert_with_raw(&self, samples: &[Sample], keep_raw: &[bool]) -> Result<()> {
         if samples.is_empty() {
             return Ok(());
         }
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let Writer { conn, series_ids } = &mut *w;
         let mut created: Vec<SeriesKey> = Vec::new();
-        let result = insert_batch(conn, series_ids, &mut created, samples);
+        let result = insert_batch(conn, series_ids, &mut created, samples, keep_raw);
         if result.is_err() {
             // The transaction rolled back: ids handed out inside it are void.
             for key in &created {
@@ -396,6 +402,7 @@ fn insert_batch(
     series_ids: &mut HashMap<SeriesKey, i64>,
     created: &mut Vec<SeriesKey>,
     samples: &[Sample],
+    keep_raw: &[bool],
 ) -> Result<()> {
     let tx = conn.transaction()?;
     {
@@ -407,7 +414,7 @@ fn insert_batch(
              ON CONFLICT (series_id, minute_ms) DO UPDATE SET count = count + 1, sum = sum + excluded.sum,
              min = min(min, excluded.min), max = max(max, excluded.max), last = excluded.last",
         )?;
-        for s in samples {
+        for (i, s) in samples.iter().enumerate() {
             let key = s.series_key();
             let id = match series_ids.get(&key) {
                 Some(&id) => id,
@@ -419,7 +426,9 @@ fn insert_batch(
                     id
                 }
             };
-            insert.execute(params![id, s.ts_ms, s.value])?;
+            if keep_raw.get(i).copied().unwrap_or(true) {
+                insert.execute(params![id, s.ts_ms, s.value])?;
+            }
             minute.execute(params![id, s.ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS, s.value])?;
         }
     }
@@ -495,6 +504,19 @@ mod tests {
         );
         // everything before t0 + 1 day + 1 ms goes: 241 raw samples, 121 minute buckets, 2 day rows
         assert_eq!(store.apply_retention(t0 + 2 * DAY_MS + 1, 1, 1, 1).unwrap(), 241 + 121 + 2);
+    }
+
+    #[test]
+    fn decimated_samples_still_enter_minute_aggregates() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let batch: Vec<Sample> = (0..60).map(|i| sample(t0 + i * 1000, "kv", "0", i as f64)).collect();
+        let keep: Vec<bool> = (0..60).map(|i| i % 10 == 0).collect();
+        store.insert_with_raw(&batch, &keep).unwrap();
+        assert_eq!(store.count("kv").unwrap(), 6);
+        let m = store.range("kv", &BTreeMap::new(), t0, t0 + 60_000, 60_000, Resolution::Minute).unwrap();
+        assert_eq!(m[0].points, vec![(t0, 29.5)]);
     }
 
     #[test]

@@ -158,7 +158,8 @@ fn kill_9_loses_nothing_acknowledged() {
     let mut f = std::fs::File::create(&cfg_path).unwrap();
     writeln!(
         f,
-        "store:\n  path: {}\nhttp:\n  listen: 127.0.0.1:{port}",
+        // raw_min_interval 0: keep every raw sample, so that the count below is exact
+        "store:\n  path: {}\n  raw_min_interval: 0s\nhttp:\n  listen: 127.0.0.1:{port}",
         dir.path().join("omen.db").display()
     )
     .unwrap();

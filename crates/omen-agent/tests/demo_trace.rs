@@ -17,7 +17,9 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     trace.path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(&trace.path);
 
     let mut agent = omen_agent::run::start(cfg).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(300), agent.trace_finished()).await.expect("trace replayed within 5 minutes");
+    tokio::time::timeout(Duration::from_secs(300), agent.trace_finished())
+        .await
+        .expect("trace replayed within 5 minutes");
     let base = format!("http://{}", agent.api_addr);
     let c = reqwest::Client::new();
     // the pipeline drains its queue after the source finished
@@ -46,17 +48,29 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
         .json()
         .await
         .unwrap();
-    let peak = r["series"][0]["points"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let peak = r["series"][0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_f64().unwrap())
+        .fold(0.0, f64::max);
     assert!(peak >= 0.8, "{r}");
     let before: Value = c
-        .get(format!("{base}/scores?signal=health_score&since=2026-11-02T00:00:00Z&until=2026-11-07T00:00:00Z&step=1h"))
+        .get(format!(
+            "{base}/scores?signal=health_score&since=2026-11-02T00:00:00Z&until=2026-11-07T00:00:00Z&step=1h"
+        ))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    let calm = before["series"][0]["points"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let calm = before["series"][0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_f64().unwrap())
+        .fold(0.0, f64::max);
     assert!(calm < 0.6, "no alert before the drift is forecastable: {before}");
 
     let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();

@@ -698,14 +698,9 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn entropy_is_within_zero_and_log2_vocab(logits in prop::collection::vec(-50.0f32..50.0, 1..3000)) {
-            let h = first_token_entropy_bits(&logits).unwrap();
-            prop_assert!(h >= 0.0 && h <= (logits.len() as f64).log2() + 1e-9);
-            let reference = entropy_reference(&logits);
-            prop_assert!((h - reference).abs() <= 1e-5 * reference.max(1.0), "h={} ref={}", h, reference);
-        }
+        #![proptest_config(ProptestConfig::with_cases(64))]
 
+        /// Fewer cases: each vector spans several 4096-logit kernel blocks.
         #[test]
         fn kernels_agree_on_long_vectors(
             logits in prop::collection::vec(-60.0f32..60.0, 1..12_000),
@@ -722,6 +717,16 @@ mod tests {
             prop_assert!((h - reference).abs() <= 2e-6 * reference.max(1.0), "h={} ref={}", h, reference);
             let portable = portable_bits(&logits).unwrap().clamp(0.0, 64.0);
             prop_assert!((h - portable).abs() <= 2e-6 * reference.max(1.0), "h={} portable={}", h, portable);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn entropy_is_within_zero_and_log2_vocab(logits in prop::collection::vec(-50.0f32..50.0, 1..3000)) {
+            let h = first_token_entropy_bits(&logits).unwrap();
+            prop_assert!(h >= 0.0 && h <= (logits.len() as f64).log2() + 1e-9);
+            let reference = entropy_reference(&logits);
+            prop_assert!((h - reference).abs() <= 1e-5 * reference.max(1.0), "h={} ref={}", h, reference);
         }
 
         #[test]

@@ -117,7 +117,9 @@ pub enum CanaryError {
         reason: String,
     },
     /// The request could not be sent or the connection broke.
-    #[error("canary request to {url} failed: {detail}; check that the server is running and base_url is right")]
+    #[error(
+        "canary request to {url} failed: {detail}; check that the server is running and base_url is right"
+    )]
     Request {
         /// The URL requested.
         url: String,
@@ -521,11 +523,26 @@ impl Logprobs {
 
 // ------------------------------------------------------------ the probe
 
+/// An error and its causes on one line: reqwest's own message leaves out why (e.g. connection refused).
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
 fn transport_error(url: &str, timeout: Duration, e: reqwest::Error) -> CanaryError {
     if e.is_timeout() {
         CanaryError::Timeout { url: url.to_owned(), timeout }
     } else {
-        CanaryError::Request { url: url.to_owned(), detail: crate::error_chain(&e), source: e }
+        CanaryError::Request { url: url.to_owned(), detail: error_chain(&e), source: e }
     }
 }
 

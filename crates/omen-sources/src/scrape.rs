@@ -250,7 +250,7 @@ impl Scraper {
             if e.is_timeout() {
                 ScrapeError::Timeout { url: url.clone(), timeout: self.timeout }
             } else {
-                ScrapeError::Request { url: url.clone(), detail: crate::error_chain(&e), source: e }
+                ScrapeError::Request { url: url.clone(), detail: crate::canary::error_chain(&e), source: e }
             }
         };
         let response = client

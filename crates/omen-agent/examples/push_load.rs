@@ -1,0 +1,529 @@
+//! Load generator for the agent's push-ingest API, used by `scripts/bench-agent.sh`.
+//!
+//! Every round (default once a second) it sends what a busy 8-GPU node would:
+//! per GPU one `POST /v1/ingest/kvcache` carrying every layer's block-occupancy
+//! bitmap, per canary one `POST /v1/ingest/logits` with 20 top-k logprobs, and one
+//! `POST /v1/ingest/samples` with each canary's TTFT, TPOT, end-to-end latency and
+//! RCI. Occupancy comes from a small block allocator per (GPU, layer) pool whose
+//! load drifts slowly, so usage and fragmentation move the way a serving engine's do.
+//!
+//! Every response must be a 200; the run prints its counts and exits non-zero if any
+//! request failed. It is bounded: `--seconds` of rounds, each request with a timeout,
+//! and the whole run with a hard deadline. Only loopback URLs are accepted unless
+//! `--allow-non-loopback` is given.
+//!
+//! ```text
+//! cargo run --release -p omen-agent --example push_load -- --url http://127.0.0.1:9464 --seconds 60
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+
+#[derive(Debug, Parser)]
+#[command(about = "Push-ingest load generator for the omen agent (loopback benchmark)")]
+struct Args {
+    /// Base URL of the agent's API listener.
+    #[arg(long, default_value = "http://127.0.0.1:9464")]
+    url: String,
+    /// GPUs (one kvcache request each per round).
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// Layers per GPU (one bitmap each).
+    #[arg(long, default_value_t = 80)]
+    layers: u32,
+    /// KV blocks per layer pool.
+    #[arg(long, default_value_t = 4096)]
+    blocks: u32,
+    /// Canaries (one logits request each per round, plus their latencies and RCI).
+    #[arg(long, default_value_t = 4)]
+    canaries: u32,
+    /// How long to push, seconds (rounds = seconds x rate).
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Rounds per second.
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+    /// Seed of the occupancy and canary simulation.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Bearer token for the ingest endpoints (when the agent sets http.ingest_token_env).
+    #[arg(long, env = "OMEN_INGEST_TOKEN")]
+    token: Option<String>,
+    /// Allow a URL whose host is not loopback.
+    #[arg(long)]
+    allow_non_loopback: bool,
+}
+
+// ---------------------------------------------------------------- small utilities
+
+/// xorshift64* — a deterministic, dependency-free generator (statistical quality is ample here).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    fn f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform integer in [lo, hi].
+    fn range(&mut self, lo: u32, hi: u32) -> u32 {
+        lo + (self.next_u64() % u64::from(hi - lo + 1)) as u32
+    }
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f64 {
+        let u1 = self.f64().max(1e-12);
+        let u2 = self.f64();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// Standard base64 with padding (RFC 4648).
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(T[(n >> 18) as usize & 63] as char);
+        out.push(T[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 { T[(n >> 6) as usize & 63] as char } else { '=' });
+        out.push(if chunk.len() > 2 { T[n as usize & 63] as char } else { '=' });
+    }
+    out
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------- KV block pool simulation
+
+/// One layer's block pool: requests hold blocks taken from a FIFO free queue (as a
+/// paged-attention engine's free-block queue does), so blocks freed by finished
+/// requests are reused out of order and free space fragments.
+struct Pool {
+    blocks: u32,
+    free: VecDeque<u32>,
+    /// Blocks of each live request.
+    requests: Vec<Vec<u32>>,
+    bitmap: Vec<u8>,
+}
+
+impl Pool {
+    fn new(blocks: u32) -> Self {
+        Self {
+            blocks,
+            free: (0..blocks).collect(),
+            requests: Vec::new(),
+            bitmap: vec![0; blocks.div_ceil(8) as usize],
+        }
+    }
+
+    fn used(&self) -> u32 {
+        self.blocks - self.free.len() as u32
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        let b = self.free.pop_front()?;
+        self.bitmap[(b / 8) as usize] |= 1 << (b % 8);
+        Some(b)
+    }
+
+    fn give_back(&mut self, blocks: Vec<u32>) {
+        for b in blocks {
+            self.bitmap[(b / 8) as usize] &= !(1 << (b % 8));
+            self.free.push_back(b);
+        }
+    }
+
+    /// One second of engine activity with a target occupancy in [0, 1].
+    fn step(&mut self, target: f64, rng: &mut Rng) {
+        // Finished requests free their blocks (mean lifetime ~ 20 s).
+        let mut i = 0;
+        while i < self.requests.len() {
+            if rng.f64() < 0.05 {
+                let done = self.requests.swap_remove(i);
+                self.give_back(done);
+            } else {
+                i += 1;
+            }
+        }
+        // Decoding requests grow by a block now and then (16 tokens a block).
+        for r in 0..self.requests.len() {
+            if rng.f64() < 0.3 {
+                match self.take() {
+                    Some(b) => self.requests[r].push(b),
+                    None => break,
+                }
+            }
+        }
+        // New requests are admitted (prompt of 4..64 blocks) until the target is reached.
+        let goal = (target.clamp(0.0, 0.99) * f64::from(self.blocks)) as u32;
+        let mut admitted = 0;
+        while self.used() < goal && admitted < 64 {
+            let want = rng.range(4, 64).min(goal - self.used()).max(1);
+            let mut blocks = Vec::with_capacity(want as usize);
+            for _ in 0..want {
+                match self.take() {
+                    Some(b) => blocks.push(b),
+                    None => break,
+                }
+            }
+            self.requests.push(blocks);
+            admitted += 1;
+        }
+        // Preemption when the pool is over target by a margin (the engine evicts the newest).
+        while f64::from(self.used()) > (target + 0.05).min(1.0) * f64::from(self.blocks) {
+            match self.requests.pop() {
+                Some(r) => self.give_back(r),
+                None => break,
+            }
+        }
+    }
+}
+
+/// One GPU: a slowly drifting load shared by its layers, plus per-layer pools.
+struct Gpu {
+    base: f64,
+    walk: f64,
+    period_s: f64,
+    phase: f64,
+    pools: Vec<Pool>,
+    rng: Rng,
+}
+
+impl Gpu {
+    fn new(index: u32, layers: u32, blocks: u32, seed: u64) -> Self {
+        let mut rng = Rng::new(seed ^ (u64::from(index) + 1).wrapping_mul(0xA24B_AED4_963E_E407));
+        Self {
+            base: 0.45 + 0.3 * rng.f64(),
+            walk: 0.0,
+            period_s: 300.0 + 600.0 * rng.f64(),
+            phase: std::f64::consts::TAU * rng.f64(),
+            pools: (0..layers).map(|_| Pool::new(blocks)).collect(),
+            rng,
+        }
+    }
+
+    /// Advances one round and returns the kvcache payload.
+    fn round(&mut self, gpu: u32, t_s: f64, ts_ms: i64) -> Value {
+        self.walk = (self.walk + 0.01 * self.rng.normal()).clamp(-0.15, 0.15);
+        let load = self.base + 0.12 * (std::f64::consts::TAU * t_s / self.period_s + self.phase).sin() + self.walk;
+        let blocks = self.pools.first().map_or(0, |p| p.blocks);
+        let mut layers = Vec::with_capacity(self.pools.len());
+        for (layer, pool) in self.pools.iter_mut().enumerate() {
+            // Layers of one engine track the same load; a small per-layer offset keeps them distinct.
+            let target = load + 0.02 * self.rng.normal();
+            pool.step(target, &mut self.rng);
+            layers.push(json!({
+                "layer": layer,
+                "bitmap_b64": base64(&pool.bitmap),
+                "num_blocks": blocks,
+            }));
+        }
+        json!({ "ts_ms": ts_ms, "gpu": gpu.to_string(), "layers": layers })
+    }
+}
+
+// ---------------------------------------------------------------- canary emulation
+
+/// A canary's first-token distribution and latency profile; results jitter round to round.
+struct Canary {
+    name: String,
+    top_p: f64,
+    decay: f64,
+    ttft_s: f64,
+    tpot_s: f64,
+    tokens: f64,
+    rci: f64,
+}
+
+impl Canary {
+    fn new(i: u32, rng: &mut Rng) -> Self {
+        Self {
+            name: format!("c{}", i + 1),
+            top_p: 0.55 + 0.35 * rng.f64(),
+            decay: 0.45 + 0.3 * rng.f64(),
+            ttft_s: 0.06 + 0.08 * rng.f64(),
+            tpot_s: 0.012 + 0.01 * rng.f64(),
+            tokens: f64::from(rng.range(32, 128)),
+            rci: 0.05 + 0.1 * rng.f64(),
+        }
+    }
+
+    /// 20 natural-log probabilities, descending, summing to less than 1.
+    fn top_logprobs(&self, rng: &mut Rng) -> Vec<f64> {
+        let p1 = (self.top_p + 0.01 * rng.normal()).clamp(0.05, 0.97);
+        let rest = 1.0 - p1;
+        // The remaining mass: a geometric tail of which the 19 listed tokens carry ~90%.
+        let mut probs = vec![p1];
+        let norm: f64 = (1..20).map(|k| self.decay.powi(k)).sum();
+        for k in 1..20 {
+            let p = 0.9 * rest * self.decay.powi(k) / norm;
+            probs.push(p.min(*probs.last().expect("non-empty")));
+        }
+        probs.iter().map(|p| p.max(1e-12).ln()).collect()
+    }
+
+    /// (ttft, tpot, e2e, rci) of one probe.
+    fn latencies(&self, rng: &mut Rng) -> (f64, f64, f64, f64) {
+        let ttft = self.ttft_s * (0.15 * rng.normal()).exp();
+        let tpot = self.tpot_s * (0.08 * rng.normal()).exp();
+        let e2e = ttft + tpot * (self.tokens - 1.0);
+        let rci = (self.rci + 0.01 * rng.normal()).clamp(0.0, 1.0);
+        (ttft, tpot, e2e, rci)
+    }
+}
+
+// ---------------------------------------------------------------- HTTP
+
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    bytes: AtomicU64,
+    /// Errors by kind (status code or transport error), with one example message each.
+    errors: Mutex<BTreeMap<String, (u64, String)>>,
+    /// Request latencies, microseconds.
+    latencies_us: Mutex<Vec<u64>>,
+}
+
+impl Counters {
+    fn error(&self, kind: String, example: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let mut e = self.errors.lock().expect("not poisoned");
+        let entry = e.entry(kind).or_insert((0, example));
+        entry.0 += 1;
+    }
+}
+
+async fn post(client: reqwest::Client, url: String, token: Option<Arc<str>>, body: Vec<u8>, c: Arc<Counters>) {
+    c.sent.fetch_add(1, Ordering::Relaxed);
+    c.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    let endpoint = url.rsplit('/').next().unwrap_or("?").to_owned();
+    let mut req = client.post(&url).header("content-type", "application/json").body(body);
+    if let Some(t) = &token {
+        req = req.bearer_auth(t);
+    }
+    let started = Instant::now();
+    match req.send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            c.latencies_us.lock().expect("not poisoned").push(started.elapsed().as_micros() as u64);
+            if status == reqwest::StatusCode::OK {
+                c.ok.fetch_add(1, Ordering::Relaxed);
+            } else {
+                c.error(format!("{endpoint}: HTTP {}", status.as_u16()), text.chars().take(300).collect());
+            }
+        }
+        Err(e) => c.error(format!("{endpoint}: transport"), e.to_string()),
+    }
+}
+
+fn check_loopback(url: &str) -> Result<()> {
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("--url {url:?}: only http:// URLs are supported (the client has no TLS)"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    let loopback = host == "localhost"
+        || host.parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+    if !loopback {
+        bail!("--url host {host:?} is not loopback; pass --allow-non-loopback to push elsewhere");
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1000.0
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    if !args.allow_non_loopback {
+        check_loopback(&args.url)?;
+    }
+    if !(args.rate > 0.0 && args.rate <= 100.0) {
+        bail!("--rate {} must be in (0, 100] rounds per second", args.rate);
+    }
+    if args.gpus == 0 || args.layers == 0 || args.blocks == 0 {
+        bail!("--gpus, --layers and --blocks must be at least 1");
+    }
+    if args.seconds == 0 || args.seconds > 86_400 {
+        bail!("--seconds must be in 1..=86400");
+    }
+    let base = args.url.trim_end_matches('/').to_owned();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(args.timeout))
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let token: Option<Arc<str>> = args.token.as_deref().map(Arc::from);
+    let counters = Arc::new(Counters::default());
+
+    let mut gpus: Vec<Gpu> = (0..args.gpus).map(|g| Gpu::new(g, args.layers, args.blocks, args.seed)).collect();
+    let mut rng = Rng::new(args.seed.wrapping_add(0x5EED));
+    let canaries: Vec<Canary> = (0..args.canaries).map(|i| Canary::new(i, &mut rng)).collect();
+
+    let rounds = ((args.seconds as f64) * args.rate).ceil().max(1.0) as u64;
+    let period = Duration::from_secs_f64(1.0 / args.rate);
+    // Hard stop: the schedule plus one request timeout plus slack.
+    let deadline = Instant::now() + Duration::from_secs(args.seconds + args.timeout + 5);
+    eprintln!(
+        "push_load: {} rounds at {}/s to {base}: {} GPUs x {} layers x {} blocks, {} canaries",
+        rounds, args.rate, args.gpus, args.layers, args.blocks, args.canaries
+    );
+
+    // SIGINT / SIGTERM end the schedule early; what is in flight is drained and reported.
+    let stop = Arc::new(tokio::sync::Notify::new());
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let term = async {
+                match term.as_mut() {
+                    Some(t) => {
+                        t.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term => {}
+            }
+            stop.notify_one();
+        });
+    }
+
+    let started = Instant::now();
+    let mut stopped = false;
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut inflight: JoinSet<()> = JoinSet::new();
+    let mut sim_us: u64 = 0;
+    let mut rounds_done = 0u64;
+    let mut overrun = false;
+    for round in 0..rounds {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.notified() => {
+                stopped = true;
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            overrun = true;
+            break;
+        }
+        // Reap finished requests; a backlog beyond a few rounds means the agent cannot keep up.
+        while inflight.try_join_next().is_some() {}
+        let t_s = round as f64 / args.rate;
+        let ts_ms = now_ms();
+        let sim_start = Instant::now();
+        let mut bodies: Vec<(String, Vec<u8>)> = Vec::new();
+        for (g, gpu) in gpus.iter_mut().enumerate() {
+            let payload = gpu.round(g as u32, t_s, ts_ms);
+            bodies.push((format!("{base}/v1/ingest/kvcache"), serde_json::to_vec(&payload)?));
+        }
+        let mut samples = Vec::new();
+        for c in &canaries {
+            let lp = c.top_logprobs(&mut rng);
+            let payload = json!({ "ts_ms": ts_ms, "canary": c.name, "top_logprobs": lp, "vocab_size": 128_256 });
+            bodies.push((format!("{base}/v1/ingest/logits"), serde_json::to_vec(&payload)?));
+            let (ttft, tpot, e2e, rci) = c.latencies(&mut rng);
+            for (signal, value) in [
+                ("canary_ttft_seconds", ttft),
+                ("canary_tpot_seconds", tpot),
+                ("canary_e2e_seconds", e2e),
+                ("rci", rci),
+            ] {
+                samples.push(json!({ "signal": signal, "labels": { "canary": c.name }, "value": value, "ts_ms": ts_ms }));
+            }
+        }
+        if !samples.is_empty() {
+            bodies.push((format!("{base}/v1/ingest/samples"), serde_json::to_vec(&json!({ "samples": samples }))?));
+        }
+        sim_us += sim_start.elapsed().as_micros() as u64;
+        for (url, body) in bodies {
+            inflight.spawn(post(client.clone(), url, token.clone(), body, counters.clone()));
+        }
+        rounds_done += 1;
+    }
+    // Drain what is in flight, bounded by the deadline.
+    let drain = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), async {
+        while inflight.join_next().await.is_some() {}
+    })
+    .await;
+    let abandoned = if drain.is_err() {
+        let n = inflight.len() as u64;
+        inflight.abort_all();
+        counters.error("deadline".into(), format!("{n} requests still in flight at the deadline"));
+        n
+    } else {
+        0
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+
+    let sent = counters.sent.load(Ordering::Relaxed);
+    let ok = counters.ok.load(Ordering::Relaxed);
+    let failed = counters.failed.load(Ordering::Relaxed);
+    let mut lat = counters.latencies_us.lock().expect("not poisoned").clone();
+    lat.sort_unstable();
+    println!(
+        "push_load: {rounds_done}/{rounds} rounds in {elapsed:.1} s; {sent} requests, {ok} ok, {failed} failed{}",
+        if abandoned > 0 { format!(" ({abandoned} abandoned)") } else { String::new() }
+    );
+    println!(
+        "push_load: {:.1} MB sent ({:.0} kB/round); request latency ms: p50 {:.1}, p99 {:.1}, max {:.1}; payload build {:.1} ms/round",
+        counters.bytes.load(Ordering::Relaxed) as f64 / 1e6,
+        counters.bytes.load(Ordering::Relaxed) as f64 / 1e3 / rounds_done.max(1) as f64,
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
+        sim_us as f64 / 1e3 / rounds_done.max(1) as f64,
+    );
+    for (kind, (n, example)) in counters.errors.lock().expect("not poisoned").iter() {
+        println!("push_load: error {kind}: {n}x, e.g. {example}");
+    }
+    if overrun {
+        println!("push_load: stopped early at the deadline");
+    }
+    if stopped {
+        println!("push_load: stopped early by a signal");
+    }
+    if failed > 0 || overrun || ok == 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,593 @@
+//! OTLP/gRPC metrics export: the instruments of `/metrics`, pushed to an
+//! OpenTelemetry collector every `otlp.interval`.
+//!
+//! Gauges are observable instruments whose callbacks read [`LiveMetrics`] at
+//! collection time (one instrument per gauge name, attributes = the labels).
+//! Canary latencies are taken from [`LiveMetrics::drain_latencies`] at the start
+//! of every collection and recorded in explicit-bucket histograms, so each
+//! export carries every observation made before it (cumulative temporality).
+//! Names follow the OpenTelemetry GenAI semantic conventions where one exists:
+//!
+//! | `/metrics` (Prometheus)          | OTLP instrument                        | kind          | unit  |
+//! |----------------------------------|----------------------------------------|---------------|-------|
+//! | `omen_ttft_seconds`              | `gen_ai.server.time_to_first_token`    | histogram     | `s`   |
+//! | `omen_tpot_seconds`              | `gen_ai.server.time_per_output_token`  | histogram     | `s`   |
+//! | `omen_e2e_seconds`               | `gen_ai.server.request.duration`       | histogram     | `s`   |
+//! | `omen_kvcache_usage_ratio{layer}`| `llm.decoder.kvcache.usage_ratio`      | gauge         | `1`   |
+//! | `omen_kvf_ratio{layer}`          | `omen.kvf_ratio`                       | gauge         | `1`   |
+//! | `omen_tle_bits{canary}`          | `omen.tle_bits`                        | gauge         | `bit` |
+//! | `omen_gpu_memory_used_bytes`     | `omen.gpu_memory_used_bytes`           | gauge         | `By`  |
+//! | `omen_forecast_days_to_breach`   | `omen.forecast_days_to_breach`         | gauge         | `d`   |
+//! | any other gauge `omen_<name>`    | `omen.<name>`                          | gauge         |       |
+//! | (OTLP only)                      | `omen.otlp.export_failures`            | counter       |       |
+//!
+//! So `rci`, `rci_bleu`, `rci_bertscore_f1`, `rci_repetition_ratio`,
+//! `anomaly_score`, `lstm_ae_score`, `health_score`, `source_up`, `build_info`
+//! and pushed signals become `omen.rci`, ..., `omen.build_info`. A name's
+//! characters outside `[A-Za-z0-9_./-]` become `_` (OTel instrument-name rules).
+//! Gauge names first set after [`start`] get their instrument within
+//! `min(interval, 5 s)`. The resource carries `service.name=omen` and
+//! `service.version`; `OTEL_RESOURCE_ATTRIBUTES` adds to it.
+//!
+//! Export failures (collector down, wrong endpoint) never stop the agent: each
+//! is counted ([`OtlpExporter::stats`], `omen.otlp.export_failures`), the first
+//! of a run is logged at warn level and the recovery at info level.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry::metrics::{AsyncInstrument, Histogram, Meter, MeterProvider as _, ObservableGauge};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_otlp::{MetricExporter, WithExportConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Stream, Temporality};
+use opentelemetry_sdk::Resource;
+
+use crate::config::OtlpConfig;
+use crate::metrics::{help_for, Labels, LiveMetrics, MAX_GAUGE_SERIES};
+
+/// OTLP name of the canary time-to-first-token histogram.
+pub const TTFT_NAME: &str = "gen_ai.server.time_to_first_token";
+/// OTLP name of the canary time-per-output-token histogram.
+pub const TPOT_NAME: &str = "gen_ai.server.time_per_output_token";
+/// OTLP name of the canary end-to-end latency histogram.
+pub const E2E_NAME: &str = "gen_ai.server.request.duration";
+/// OTLP name of the per-layer KV-cache usage gauge.
+pub const KV_USAGE_NAME: &str = "llm.decoder.kvcache.usage_ratio";
+/// OTLP name of the exporter's own failure counter.
+pub const EXPORT_FAILURES_NAME: &str = "omen.otlp.export_failures";
+
+/// Bucket boundaries recommended by the GenAI semantic conventions.
+const TTFT_BUCKETS: [f64; 16] =
+    [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+const TPOT_BUCKETS: [f64; 13] = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5];
+const E2E_BUCKETS: [f64; 14] =
+    [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+
+/// Longest instrument name OpenTelemetry accepts.
+const MAX_NAME_LEN: usize = 255;
+/// Upper bound of one export, retries included; below the SDK's 5 s shutdown wait
+/// so the final flush can finish.
+const MAX_EXPORT_TIMEOUT: Duration = Duration::from_secs(4);
+/// Slowest rescan for gauge names set after start.
+const MAX_DISCOVERY_PERIOD: Duration = Duration::from_secs(5);
+
+/// Why the OTLP exporter could not start or stop cleanly.
+#[derive(Debug)]
+pub enum OtlpError {
+    /// `otlp.endpoint` is not usable.
+    Endpoint {
+        /// The configured value.
+        endpoint: String,
+        /// What is wrong with it and how to fix it.
+        problem: String,
+    },
+    /// `otlp.interval` is zero.
+    ZeroInterval,
+    /// The exporter's background thread could not start.
+    Runtime(std::io::Error),
+    /// The OTLP library rejected the exporter configuration.
+    Build {
+        /// The configured endpoint.
+        endpoint: String,
+        /// The library's reason.
+        reason: String,
+    },
+    /// The final flush or the shutdown did not complete.
+    Shutdown {
+        /// The configured endpoint.
+        endpoint: String,
+        /// The library's reason.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for OtlpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Endpoint { endpoint, problem } => {
+                write!(f, "otlp.endpoint {endpoint:?}: {problem}")
+            }
+            Self::ZeroInterval => write!(
+                f,
+                "otlp.interval is 0: the exporter needs a positive export period; set e.g. `interval: 30s`"
+            ),
+            Self::Runtime(e) => write!(
+                f,
+                "cannot start the OTLP exporter's I/O thread: {e}; check the process's thread limit \
+                 (ulimit -u) or remove the `otlp` section to run without OTLP export"
+            ),
+            Self::Build { endpoint, reason } => write!(
+                f,
+                "cannot build the OTLP gRPC exporter for otlp.endpoint {endpoint:?}: {reason}; \
+                 use a URL like http://127.0.0.1:4317"
+            ),
+            Self::Shutdown { endpoint, reason } => write!(
+                f,
+                "the final OTLP export to {endpoint} did not complete ({reason}); metrics since the last \
+                 successful export were not delivered: check that the collector is running and reachable"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OtlpError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Runtime(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Export counters of a running exporter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OtlpStats {
+    /// Exports the collector accepted.
+    pub exports: u64,
+    /// Exports that failed (after the OTLP library's retries).
+    pub failures: u64,
+    /// Latency observations dropped because they were negative or not finite.
+    pub dropped_latencies: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    exports: AtomicU64,
+    failures: AtomicU64,
+    dropped_latencies: AtomicU64,
+    failing: AtomicBool,
+}
+
+/// A running OTLP exporter; [`OtlpExporter::shutdown`] flushes and stops it
+/// (dropping it does the same, ignoring the result).
+pub struct OtlpExporter {
+    provider: Option<SdkMeterProvider>,
+    io: Option<IoThread>,
+    counters: Arc<Counters>,
+    endpoint: String,
+    _gauges: Arc<Mutex<GaugeSet>>,
+}
+
+impl std::fmt::Debug for OtlpExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtlpExporter")
+            .field("endpoint", &self.endpoint)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// Starts exporting `live` to `cfg.endpoint` (OTLP/gRPC, plain-text HTTP/2)
+/// every `cfg.interval`; callable from sync or async code.
+pub fn start(cfg: &OtlpConfig, live: Arc<LiveMetrics>) -> Result<OtlpExporter, OtlpError> {
+    check_endpoint(&cfg.endpoint)?;
+    if cfg.interval.is_zero() {
+        return Err(OtlpError::ZeroInterval);
+    }
+    let io = IoThread::start()?;
+    let timeout = cfg.interval.clamp(Duration::from_secs(1), MAX_EXPORT_TIMEOUT);
+    let built = {
+        // tonic's lazy channel spawns its worker on the runtime current at build time.
+        let _entered = io.handle.enter();
+        opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(cfg.endpoint.clone())
+            .with_timeout(timeout)
+            .with_temporality(Temporality::Cumulative)
+            .build()
+    };
+    let inner = match built {
+        Ok(inner) => inner,
+        Err(e) => {
+            io.stop();
+            return Err(OtlpError::Build { endpoint: cfg.endpoint.clone(), reason: e.to_string() });
+        }
+    };
+    let counters = Arc::new(Counters::default());
+    let exporter = CountingExporter { inner, counters: counters.clone(), endpoint: cfg.endpoint.clone() };
+    let reader = PeriodicReader::builder(exporter).with_interval(cfg.interval).build();
+    let resource = Resource::builder()
+        .with_service_name("omen")
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build();
+    let provider = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(reader)
+        .with_view(|_: &opentelemetry_sdk::metrics::Instrument| {
+            // The SDK's default of 2000 series per instrument is below what /metrics allows.
+            Stream::builder().with_cardinality_limit(MAX_GAUGE_SERIES).build().ok()
+        })
+        .build();
+    let meter = provider.meter_with_scope(
+        InstrumentationScope::builder("omen").with_version(env!("CARGO_PKG_VERSION")).build(),
+    );
+
+    live.enable_latency_tap();
+    let latency = LatencyHistograms::new(&meter);
+    {
+        let live = live.clone();
+        let counters = counters.clone();
+        // Registered before any gauge, so the SDK runs it first in each collection.
+        let _failures = meter
+            .u64_observable_counter(EXPORT_FAILURES_NAME)
+            .with_description("OTLP exports that failed after retries.")
+            .with_callback(move |observer| {
+                latency.record(&live, &counters);
+                observer.observe(counters.failures.load(Ordering::Relaxed), &[]);
+            })
+            .build();
+    }
+
+    let gauges = Arc::new(Mutex::new(GaugeSet::new(meter, live)));
+    lock(&gauges).discover();
+    let period = cfg.interval.min(MAX_DISCOVERY_PERIOD);
+    let discovery = gauges.clone();
+    io.handle.spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            lock(&discovery).discover();
+        }
+    });
+    tracing::info!(endpoint = %cfg.endpoint, interval = ?cfg.interval, "OTLP metrics export started");
+    Ok(OtlpExporter {
+        provider: Some(provider),
+        io: Some(io),
+        counters,
+        endpoint: cfg.endpoint.clone(),
+        _gauges: gauges,
+    })
+}
+
+impl OtlpExporter {
+    /// Export counters so far.
+    pub fn stats(&self) -> OtlpStats {
+        OtlpStats {
+            exports: self.counters.exports.load(Ordering::Relaxed),
+            failures: self.counters.failures.load(Ordering::Relaxed),
+            dropped_latencies: self.counters.dropped_latencies.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Collects and exports once more, then stops; blocks for up to about 5 s
+    /// (from async code, call it in `tokio::task::spawn_blocking`).
+    pub fn shutdown(mut self) -> Result<(), OtlpError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), OtlpError> {
+        let result = match self.provider.take() {
+            Some(provider) => provider
+                .shutdown()
+                .map_err(|e| OtlpError::Shutdown { endpoint: self.endpoint.clone(), reason: e.to_string() }),
+            None => Ok(()),
+        };
+        if let Some(io) = self.io.take() {
+            io.stop();
+        }
+        if result.is_ok() {
+            tracing::info!(endpoint = %self.endpoint, stats = ?self.stats(), "OTLP metrics export stopped");
+        }
+        result
+    }
+}
+
+impl Drop for OtlpExporter {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Rejects endpoints this build cannot reach, with the fix.
+fn check_endpoint(endpoint: &str) -> Result<(), OtlpError> {
+    let bad =
+        |problem: &str| OtlpError::Endpoint { endpoint: endpoint.to_owned(), problem: problem.to_owned() };
+    let lower = endpoint.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err(bad("this build exports OTLP without TLS; point it at a plain-text gRPC listener \
+             (e.g. a collector sidecar on http://127.0.0.1:4317) and let the collector do TLS"));
+    }
+    let Some(rest) = lower.strip_prefix("http://") else {
+        return Err(bad("expected an http:// URL of an OTLP gRPC receiver, e.g. http://127.0.0.1:4317"));
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.is_empty() || endpoint.chars().any(char::is_whitespace) {
+        return Err(bad("expected host:port after http://, e.g. http://127.0.0.1:4317"));
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn attributes(labels: &Labels) -> Vec<KeyValue> {
+    labels.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect()
+}
+
+/// OTLP instrument name of a `/metrics` gauge, or `None` when it cannot be one.
+pub fn otlp_gauge_name(name: &str) -> Option<String> {
+    if name == "kvcache_usage_ratio" {
+        return Some(KV_USAGE_NAME.to_owned());
+    }
+    let mut out = String::with_capacity(name.len() + 5);
+    out.push_str("omen.");
+    out.extend(name.chars().map(|c| if c.is_ascii_alphanumeric() || "_./-".contains(c) { c } else { '_' }));
+    (!name.is_empty() && out.len() <= MAX_NAME_LEN).then_some(out)
+}
+
+/// UCUM unit of a `/metrics` gauge, from its name.
+fn unit_for(name: &str) -> Option<&'static str> {
+    if name.ends_with("_bytes") {
+        Some("By")
+    } else if name.ends_with("_seconds") {
+        Some("s")
+    } else if name.starts_with("tle_bits") {
+        Some("bit")
+    } else if name.starts_with("forecast_days_to_breach") {
+        Some("d")
+    } else if name.ends_with("_ratio") {
+        Some("1")
+    } else {
+        None
+    }
+}
+
+/// The canary latency histograms.
+struct LatencyHistograms {
+    ttft: Histogram<f64>,
+    tpot: Histogram<f64>,
+    e2e: Histogram<f64>,
+}
+
+impl LatencyHistograms {
+    fn new(meter: &Meter) -> Self {
+        let build = |name: &'static str, description: &'static str, buckets: &[f64]| {
+            meter
+                .f64_histogram(name)
+                .with_description(description)
+                .with_unit("s")
+                .with_boundaries(buckets.to_vec())
+                .build()
+        };
+        Self {
+            ttft: build(TTFT_NAME, "Canary time to first token.", &TTFT_BUCKETS),
+            tpot: build(TPOT_NAME, "Canary time per output token after the first.", &TPOT_BUCKETS),
+            e2e: build(E2E_NAME, "Canary end-to-end request duration.", &E2E_BUCKETS),
+        }
+    }
+
+    /// Moves the observations tapped since the last collection into the histograms.
+    fn record(&self, live: &LiveMetrics, counters: &Counters) {
+        for obs in live.drain_latencies() {
+            if !obs.seconds.is_finite() || obs.seconds < 0.0 {
+                counters.dropped_latencies.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let histogram = match obs.name {
+                "ttft_seconds" => &self.ttft,
+                "tpot_seconds" => &self.tpot,
+                _ => &self.e2e,
+            };
+            histogram.record(obs.seconds, &attributes(&obs.labels));
+        }
+    }
+}
+
+/// One observable gauge per `/metrics` gauge name seen so far.
+struct GaugeSet {
+    meter: Meter,
+    live: Arc<LiveMetrics>,
+    instruments: HashMap<String, ObservableGauge<f64>>,
+    otlp_names: HashSet<String>,
+    skipped: HashSet<String>,
+}
+
+impl GaugeSet {
+    fn new(meter: Meter, live: Arc<LiveMetrics>) -> Self {
+        let mut otlp_names = HashSet::new();
+        for reserved in [TTFT_NAME, TPOT_NAME, E2E_NAME, EXPORT_FAILURES_NAME] {
+            otlp_names.insert(reserved.to_owned());
+        }
+        Self { meter, live, instruments: HashMap::new(), otlp_names, skipped: HashSet::new() }
+    }
+
+    /// Registers an instrument for every gauge name not seen before.
+    fn discover(&mut self) {
+        let mut names: Vec<String> = self.live.snapshot().into_iter().map(|p| p.name).collect();
+        names.dedup();
+        for name in names {
+            if self.instruments.contains_key(&name) || self.skipped.contains(&name) {
+                continue;
+            }
+            let Some(otlp_name) = otlp_gauge_name(&name).filter(|n| !self.otlp_names.contains(n)) else {
+                tracing::warn!(
+                    gauge = %name,
+                    "gauge not exported over OTLP: its name is empty, longer than {MAX_NAME_LEN} characters \
+                     or maps to an OTLP name already in use; rename the pushed signal to fix it"
+                );
+                self.skipped.insert(name);
+                continue;
+            };
+            let live = self.live.clone();
+            let source = name.clone();
+            let mut builder = self
+                .meter
+                .f64_observable_gauge(otlp_name.clone())
+                .with_description(help_for(&name))
+                .with_callback(move |observer: &dyn AsyncInstrument<f64>| {
+                    for (labels, value) in live.gauge_family(&source) {
+                        observer.observe(value, &attributes(&labels));
+                    }
+                });
+            if let Some(unit) = unit_for(&name) {
+                builder = builder.with_unit(unit);
+            }
+            self.instruments.insert(name, builder.build());
+            self.otlp_names.insert(otlp_name);
+        }
+    }
+}
+
+/// The OTLP exporter, counting and logging failures.
+struct CountingExporter {
+    inner: MetricExporter,
+    counters: Arc<Counters>,
+    endpoint: String,
+}
+
+impl PushMetricExporter for CountingExporter {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(metrics).await;
+        match &result {
+            Ok(()) => {
+                self.counters.exports.fetch_add(1, Ordering::Relaxed);
+                if self.counters.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(endpoint = %self.endpoint, "OTLP export recovered");
+                }
+            }
+            Err(e) => {
+                let n = self.counters.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if self.counters.failing.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(endpoint = %self.endpoint, failures = n, "OTLP export failed again: {e}");
+                } else {
+                    tracing::warn!(
+                        endpoint = %self.endpoint,
+                        failures = n,
+                        "OTLP export failed: {e}; the agent keeps running and retries every interval: \
+                         check that an OTLP gRPC receiver listens at otlp.endpoint"
+                    );
+                }
+            }
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+/// A current-thread tokio runtime on its own thread, for tonic's channel; it
+/// keeps the exporter independent of the caller's runtime (and safe to shut
+/// down from a current-thread runtime).
+struct IoThread {
+    handle: tokio::runtime::Handle,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl IoThread {
+    fn start() -> Result<Self, OtlpError> {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("omen-otlp-io".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(rt.handle().clone()));
+                rt.block_on(async {
+                    let _ = stop_rx.await;
+                });
+            })
+            .map_err(OtlpError::Runtime)?;
+        let handle = match handle_rx.recv() {
+            Ok(Ok(handle)) => handle,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(OtlpError::Runtime(e));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(OtlpError::Runtime(std::io::Error::other("the I/O thread exited at start")));
+            }
+        };
+        Ok(Self { handle, stop, thread })
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        if self.thread.join().is_err() {
+            tracing::warn!("the OTLP I/O thread panicked while stopping");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_mapping() {
+        assert_eq!(otlp_gauge_name("kvcache_usage_ratio").as_deref(), Some(KV_USAGE_NAME));
+        assert_eq!(otlp_gauge_name("kvf_ratio").as_deref(), Some("omen.kvf_ratio"));
+        assert_eq!(
+            otlp_gauge_name("forecast_days_to_breach").as_deref(),
+            Some("omen.forecast_days_to_breach")
+        );
+        assert_eq!(otlp_gauge_name("vllm:queue len").as_deref(), Some("omen.vllm_queue_len"));
+        assert_eq!(otlp_gauge_name(""), None);
+        assert_eq!(otlp_gauge_name(&"x".repeat(300)), None);
+        assert_eq!(unit_for("gpu_memory_used_bytes"), Some("By"));
+        assert_eq!(unit_for("health_score"), None);
+    }
+
+    #[test]
+    fn bad_endpoints_are_rejected_with_the_fix() {
+        for bad in ["https://collector:4317", "127.0.0.1:4317", "http://", "grpc://x:1", "http://a b:1"] {
+            let e = check_endpoint(bad).unwrap_err().to_string();
+            assert!(e.contains("otlp.endpoint") && e.contains("http://"), "{bad}: {e}");
+        }
+        check_endpoint("http://127.0.0.1:4317").unwrap();
+        check_endpoint("HTTP://collector.monitoring.svc:4317/").unwrap();
+    }
+
+    #[test]
+    fn zero_interval_is_rejected() {
+        let cfg = OtlpConfig { endpoint: "http://127.0.0.1:4317".into(), interval: Duration::ZERO };
+        let e = start(&cfg, Arc::new(LiveMetrics::new())).unwrap_err();
+        assert!(e.to_string().contains("interval: 30s"), "{e}");
+    }
+}

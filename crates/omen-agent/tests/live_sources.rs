@@ -1,0 +1,78 @@
+//! The agent's live sources against a real llama.cpp server on loopback
+//! (installed by `make setup`): canary probes with reference capture, the
+//! server /metrics scrape, and NVML absent on a machine without a GPU.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use omen_agent::config::Config;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_llama_server() -> (Server, u16) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("bash").arg(root.join("scripts/llm-server.sh")).arg("path").output().expect("run scripts/llm-server.sh");
+    assert!(out.status.success(), "llama.cpp server not installed; run `make setup`: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let (server, model) = (lines.next().unwrap().to_owned(), lines.next().unwrap().to_owned());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(&server)
+        .args(["-m", &model, "--host", "127.0.0.1", "--port", &port.to_string(), "--metrics"])
+        .args(["-c", "2048", "-np", "1", "-t", "2", "--alias", "smollm2-135m"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {server}: {e}; run `make setup`"));
+    (Server(child), port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_and_scrape_sources_feed_the_pipeline() {
+    let (_server, port) = start_llama_server();
+    let c = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.get(format!("http://127.0.0.1:{port}/health")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        assert!(Instant::now() < deadline, "llama-server did not become healthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "store:\n  path: {db}\nhttp:\n  listen: 127.0.0.1:0\nhealth:\n  interval: 1s\nsources:\n  canary:\n    interval: 1s\n    target:\n      base_url: http://127.0.0.1:{port}/v1\n      model: smollm2-135m\n      max_tokens: 16\n    prompts:\n      - id: capital\n        prompt: What is the capital of France? Answer in one sentence.\n  server_metrics:\n    url: http://127.0.0.1:{port}/metrics\n    interval: 1s\n",
+        db = dir.path().join("omen.db").display()
+    );
+    let agent = omen_agent::run::start(Config::from_yaml(&yaml).unwrap()).await.unwrap();
+    let base = format!("http://{}", agent.api_addr);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let metrics = loop {
+        let text = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        // two probes: the first captures the reference, the second scores RCI against it
+        if text.contains("omen_rci{canary=\"capital\"}") && text.contains("omen_server_requests_running{") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "sources produced no canary RCI or server metrics in 120 s:\n{text}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(metrics.contains("omen_source_up{source=\"canary\"} 1"), "{metrics}");
+    assert!(metrics.contains("omen_source_up{source=\"server_metrics\"} 1"), "{metrics}");
+    assert!(!metrics.contains("source=\"nvml\""), "no GPU here: NVML is off, not down\n{metrics}");
+    assert!(metrics.contains("omen_ttft_seconds_bucket{"), "{metrics}");
+    let tle: f64 = metrics.lines().find(|l| l.starts_with("omen_tle_bits{canary=\"capital\"}")).unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(tle > 0.0 && tle < 49152f64.log2(), "{tle}");
+    // greedy decoding of the same prompt reproduces the captured reference: lexical RCI ~ 0
+    let rci: f64 = metrics.lines().find(|l| l.starts_with("omen_rci{canary=\"capital\"}")).unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(rci < 0.05, "{rci}");
+    let reference = agent.state.store.canary_reference("capital").unwrap();
+    assert!(reference.is_some_and(|r| !r.is_empty()));
+    agent.stop().await.unwrap();
+}

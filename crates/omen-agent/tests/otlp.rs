@@ -1,0 +1,250 @@
+//! OTLP export end to end: the exporter pushes to a real OTLP/gRPC receiver (a
+//! tonic `MetricsService` server started here on loopback).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use omen_agent::config::OtlpConfig;
+use omen_agent::metrics::LiveMetrics;
+use omen_agent::otlp::{self, OtlpError};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
+
+/// Keeps every export request it receives.
+#[derive(Clone, Default)]
+struct Receiver {
+    requests: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
+}
+
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.requests.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse { partial_success: None }))
+    }
+}
+
+impl Receiver {
+    /// The most recent exported instance of the metric `name` (cumulative: it holds everything so far).
+    fn latest(&self, name: &str) -> Option<Metric> {
+        let requests = self.requests.lock().unwrap();
+        requests
+            .iter()
+            .rev()
+            .flat_map(|r| &r.resource_metrics)
+            .flat_map(|rm| &rm.scope_metrics)
+            .flat_map(|sm| &sm.metrics)
+            .find(|m| m.name == name)
+            .cloned()
+    }
+
+    fn resource_attribute(&self, key: &str) -> Option<String> {
+        let requests = self.requests.lock().unwrap();
+        let rm = requests.iter().flat_map(|r| &r.resource_metrics).next()?;
+        string_attr(&rm.resource.as_ref()?.attributes, key)
+    }
+}
+
+fn string_attr(attrs: &[KeyValue], key: &str) -> Option<String> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+        any_value::Value::StringValue(s) => Some(s.clone()),
+        _ => None,
+    })
+}
+
+/// Gauge points of a metric as (attributes, value).
+fn gauge_points(m: &Metric) -> Vec<(Vec<KeyValue>, f64)> {
+    let Some(metric::Data::Gauge(g)) = &m.data else { panic!("{} is not a gauge: {:?}", m.name, m.data) };
+    g.data_points
+        .iter()
+        .map(|p| {
+            let v = match p.value {
+                Some(number_data_point::Value::AsDouble(v)) => v,
+                Some(number_data_point::Value::AsInt(v)) => v as f64,
+                None => f64::NAN,
+            };
+            (p.attributes.clone(), v)
+        })
+        .collect()
+}
+
+/// Starts the receiver on 127.0.0.1:0; returns its endpoint and a stop handle.
+async fn start_receiver(receiver: Receiver) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(MetricsServiceServer::new(receiver))
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stop_rx.await;
+            })
+            .await
+            .unwrap();
+    });
+    (format!("http://{addr}"), stop_tx)
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
+    let receiver = Receiver::default();
+    let (endpoint, stop_receiver) = start_receiver(receiver.clone()).await;
+
+    let live = Arc::new(LiveMetrics::new());
+    live.set_gauge("kvf_ratio", labels(&[("gpu", "0"), ("layer", "3")]), 1.9);
+    live.set_gauge("kvcache_usage_ratio", labels(&[("gpu", "0"), ("layer", "3")]), 0.5);
+    live.set_gauge("health_score", vec![], 0.25);
+    live.set_gauge("gpu_memory_used_bytes", labels(&[("gpu", "0")]), 4.0e9);
+
+    let cfg = OtlpConfig { endpoint: endpoint.clone(), interval: Duration::from_millis(200) };
+    let exporter = otlp::start(&cfg, live.clone()).unwrap();
+
+    // Observations after start go through the latency tap; a gauge set after start is discovered.
+    let c1 = labels(&[("canary", "c1")]);
+    live.record_latency("ttft_seconds", c1.clone(), 0.04);
+    live.record_latency("ttft_seconds", c1.clone(), 0.06);
+    live.record_latency("tpot_seconds", c1.clone(), 0.01);
+    live.record_latency("e2e_seconds", c1.clone(), 0.5);
+    live.set_gauge("forecast_days_to_breach", labels(&[("slo", "ttft_p99")]), 9.5);
+
+    let ready = |r: &Receiver| {
+        let ttft_done = r.latest("gen_ai.server.time_to_first_token").is_some_and(|m| match &m.data {
+            Some(metric::Data::Histogram(h)) => h.data_points.iter().any(|p| p.count == 2),
+            _ => false,
+        });
+        ttft_done && r.latest("omen.forecast_days_to_breach").is_some()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready(&receiver) {
+        assert!(
+            Instant::now() < deadline,
+            "no complete export within 10 s; {} requests, stats {:?}",
+            receiver.requests.lock().unwrap().len(),
+            exporter.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    assert_eq!(receiver.resource_attribute("service.name").as_deref(), Some("omen"));
+    assert_eq!(receiver.resource_attribute("service.version").as_deref(), Some(env!("CARGO_PKG_VERSION")));
+
+    let kvf = receiver.latest("omen.kvf_ratio").expect("omen.kvf_ratio exported");
+    let points = gauge_points(&kvf);
+    assert!(
+        points.iter().any(|(a, v)| string_attr(a, "layer").as_deref() == Some("3")
+            && string_attr(a, "gpu").as_deref() == Some("0")
+            && (*v - 1.9).abs() < 1e-12),
+        "{points:?}"
+    );
+    assert_eq!(kvf.unit, "1");
+
+    let usage = receiver.latest("llm.decoder.kvcache.usage_ratio").expect("KV usage exported");
+    assert!(gauge_points(&usage)
+        .iter()
+        .any(|(a, v)| string_attr(a, "layer").as_deref() == Some("3") && *v == 0.5));
+
+    let health = receiver.latest("omen.health_score").expect("omen.health_score exported");
+    assert_eq!(gauge_points(&health), vec![(vec![], 0.25)]);
+    assert!(receiver.latest("omen.build_info").is_some());
+    assert_eq!(receiver.latest("omen.gpu_memory_used_bytes").unwrap().unit, "By");
+    let days = gauge_points(&receiver.latest("omen.forecast_days_to_breach").unwrap());
+    assert_eq!(string_attr(&days[0].0, "slo").as_deref(), Some("ttft_p99"));
+    assert_eq!(days[0].1, 9.5);
+
+    let ttft = receiver.latest("gen_ai.server.time_to_first_token").unwrap();
+    assert_eq!(ttft.unit, "s");
+    let Some(metric::Data::Histogram(h)) = &ttft.data else { panic!("{ttft:?}") };
+    let p = &h.data_points[0];
+    assert_eq!(p.count, 2);
+    assert!((p.sum.unwrap() - 0.1).abs() < 1e-12, "{:?}", p.sum);
+    assert_eq!(string_attr(&p.attributes, "canary").as_deref(), Some("c1"));
+    assert_eq!(p.bucket_counts.iter().sum::<u64>(), 2);
+    for (name, count, sum) in
+        [("gen_ai.server.time_per_output_token", 1, 0.01), ("gen_ai.server.request.duration", 1, 0.5)]
+    {
+        let m = receiver.latest(name).unwrap_or_else(|| panic!("{name} exported"));
+        let Some(metric::Data::Histogram(h)) = &m.data else { panic!("{m:?}") };
+        assert_eq!((h.data_points[0].count, h.data_points[0].sum), (count, Some(sum)), "{name}");
+    }
+
+    let stats = exporter.stats();
+    assert!(stats.exports >= 1 && stats.failures == 0, "{stats:?}");
+
+    // Shutdown flushes: an observation made just before it reaches the receiver.
+    live.record_latency("ttft_seconds", c1.clone(), 0.2);
+    tokio::task::spawn_blocking(move || exporter.shutdown()).await.unwrap().unwrap();
+    let ttft = receiver.latest("gen_ai.server.time_to_first_token").unwrap();
+    let Some(metric::Data::Histogram(h)) = &ttft.data else { panic!("{ttft:?}") };
+    assert_eq!(h.data_points[0].count, 3);
+    let _ = stop_receiver.send(());
+}
+
+#[test]
+fn an_endpoint_with_nothing_listening_is_counted_not_fatal() {
+    // A port that was just free: connections to it are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let live = Arc::new(LiveMetrics::new());
+    live.set_gauge("health_score", vec![], 0.1);
+    let cfg = OtlpConfig { endpoint: endpoint.clone(), interval: Duration::from_millis(200) };
+    let exporter = otlp::start(&cfg, live).unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exporter.stats().failures == 0 {
+        assert!(Instant::now() < deadline, "no failed export within 10 s: {:?}", exporter.stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(exporter.stats().exports, 0);
+
+    let began = Instant::now();
+    let result = exporter.shutdown();
+    assert!(began.elapsed() < Duration::from_secs(8), "shutdown took {:?}", began.elapsed());
+    match result {
+        Err(e @ OtlpError::Shutdown { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&endpoint) && text.contains("collector"), "{text}");
+        }
+        other => panic!("expected a Shutdown error for the failed final export, got {other:?}"),
+    }
+}
+
+#[test]
+fn unusable_endpoints_fail_at_start_with_the_fix() {
+    let live = Arc::new(LiveMetrics::new());
+    for endpoint in ["https://collector:4317", "collector:4317"] {
+        let cfg = OtlpConfig { endpoint: endpoint.into(), interval: Duration::from_secs(30) };
+        let e = otlp::start(&cfg, live.clone()).unwrap_err();
+        assert!(matches!(e, OtlpError::Endpoint { .. }), "{e:?}");
+        assert!(e.to_string().contains("http://127.0.0.1:4317"), "{e}");
+    }
+}
+
+#[test]
+fn a_receiver_that_never_answers_does_not_hang_shutdown() {
+    // Accepts TCP connections (kernel backlog) but never speaks HTTP/2.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let live = Arc::new(LiveMetrics::new());
+    let cfg = OtlpConfig { endpoint, interval: Duration::from_millis(200) };
+    let exporter = otlp::start(&cfg, live).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let began = Instant::now();
+    let result = exporter.shutdown();
+    assert!(began.elapsed() < Duration::from_secs(8), "shutdown took {:?}", began.elapsed());
+    assert!(result.is_err(), "a final export nobody answered cannot succeed");
+    drop(silent);
+}

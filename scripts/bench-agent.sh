@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# The agent's own cost: CPU and RSS of `omen run` under the push load of an 8-GPU node
+# (8 GPUs x 80 layers of KV bitmaps + 4 canaries, once a second), then /scores p99
+# under 200 concurrent clients (wrk) while that load keeps running.
+#
+#   bash scripts/bench-agent.sh            # 60 s of push load, 2 x 15 s of wrk
+#
+# Environment: BENCH_SECONDS (push phase, default 60), BENCH_WARMUP (seconds skipped
+# before CPU sampling, default 10), BENCH_WRK_SECONDS (default 15), BENCH_WRK_CONNS
+# (default 200), BENCH_WRK_THREADS (default 2), BENCH_GPUS / BENCH_LAYERS /
+# BENCH_BLOCKS / BENCH_CANARIES (push shape, default 8/80/4096/4), BENCH_OUT (JSON
+# summary, default target/bench-agent.json), CARGO_TARGET_DIR (where the release
+# build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built).
+#
+# Everything runs on loopback. Exits non-zero only when the benchmark cannot run;
+# each target is reported as MET or NOT MET. Every process it starts is stopped on exit.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+SECONDS_PUSH=${BENCH_SECONDS:-60}
+WARMUP=${BENCH_WARMUP:-10}
+WRK_SECONDS=${BENCH_WRK_SECONDS:-15}
+WRK_CONNS=${BENCH_WRK_CONNS:-200}
+WRK_THREADS=${BENCH_WRK_THREADS:-2}
+GPUS=${BENCH_GPUS:-8}
+LAYERS=${BENCH_LAYERS:-80}
+BLOCKS=${BENCH_BLOCKS:-4096}
+CANARIES=${BENCH_CANARIES:-4}
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
+OUT=${BENCH_OUT:-$ROOT/target/bench-agent.json}
+
+# Targets (issue: "A benchmark of the agent's own cost").
+CPU_TARGET_PCT=1.0      # % of one core at 1 Hz
+RSS_TARGET_MB=40        # MB, without the model
+P99_TARGET_MS=10        # /scores p99 under 200 clients
+
+die() { echo "bench-agent: $*" >&2; exit 1; }
+log() { echo "bench-agent: $*" >&2; }
+
+[[ $SECONDS_PUSH =~ ^[0-9]+$ ]] || die "BENCH_SECONDS=$SECONDS_PUSH is not a whole number of seconds"
+[[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP=$WARMUP is not a whole number of seconds"
+(( SECONDS_PUSH > WARMUP + 4 )) || die "BENCH_SECONDS ($SECONDS_PUSH) must exceed BENCH_WARMUP ($WARMUP) by at least 5 s"
+(( SECONDS_PUSH <= 3600 )) || die "BENCH_SECONDS is capped at 3600"
+command -v wrk >/dev/null || die "wrk not found: apt-get install -y wrk (listed in scripts/apt-packages.txt)"
+command -v curl >/dev/null || die "curl not found"
+command -v python3 >/dev/null || die "python3 not found (used for the JSON summary)"
+CLK_TCK=$(getconf CLK_TCK)
+
+# ---------------------------------------------------------------- build
+if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
+    log "building (release): omen + push_load"
+    cargo build --release -p omen-agent --bin omen --example push_load >&2
+fi
+OMEN=$TARGET_DIR/release/omen
+PUSH=$TARGET_DIR/release/examples/push_load
+[[ -x $OMEN && -x $PUSH ]] || die "missing $OMEN or $PUSH (build failed?)"
+
+# ---------------------------------------------------------------- process bookkeeping
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/omen-bench.XXXXXX")
+PIDS=()
+cleanup() {
+    local rc=$?
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        # Give each up to 5 s, then force it.
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$TMP"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# ---------------------------------------------------------------- agent
+PORT=$(free_port)
+URL=http://127.0.0.1:$PORT
+cat >"$TMP/omen.yaml" <<EOF
+store:
+  path: $TMP/store/omen.db
+http:
+  listen: 127.0.0.1:$PORT
+sources:
+  nvml:
+    enabled: false
+EOF
+log "starting the agent on $URL (store in $TMP/store)"
+RUST_LOG=${RUST_LOG:-warn} "$OMEN" run --config "$TMP/omen.yaml" >"$TMP/omen.log" 2>&1 &
+AGENT=$!
+PIDS+=("$AGENT")
+
+for _ in $(seq 300); do
+    kill -0 "$AGENT" 2>/dev/null || { cat "$TMP/omen.log" >&2; die "the agent exited at start-up"; }
+    curl -fsS -o /dev/null "$URL/readyz" 2>/dev/null && break
+    sleep 0.1
+done
+curl -fsS -o /dev/null "$URL/readyz" || { cat "$TMP/omen.log" >&2; die "/readyz not 200 after 30 s"; }
+
+# ---------------------------------------------------------------- samplers
+cpu_ticks() { # utime + stime of $1, clock ticks (fields after the parenthesised comm)
+    local stat
+    stat=$(<"/proc/$1/stat") || return 1
+    stat=${stat##*) }
+    # shellcheck disable=SC2086
+    set -- $stat
+    echo $(( ${12} + ${13} ))
+}
+status_kb() { # VmRSS / VmHWM of $1 in kB
+    awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"
+}
+now_s() { date +%s.%N; }
+
+IDLE_RSS_KB=$(status_kb "$AGENT" VmRSS)
+LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------- push phase
+# One pusher runs the push phase and the wrk phase, so /scores is measured under load.
+PUSH_TOTAL=$(( SECONDS_PUSH + 2 * (WRK_SECONDS + 3) + 8 ))
+log "push load: ${GPUS} GPUs x ${LAYERS} layers x ${BLOCKS} blocks, ${CANARIES} canaries, 1 Hz, ${PUSH_TOTAL} s in all"
+"$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
+    --seconds "$PUSH_TOTAL" --rate 1 >"$TMP/push.log" 2>&1 &
+PUSHER=$!
+PIDS+=("$PUSHER")
+
+sleep "$WARMUP"
+kill -0 "$PUSHER" 2>/dev/null || { cat "$TMP/push.log" >&2; die "push_load exited early"; }
+T0=$(now_s); C0=$(cpu_ticks "$AGENT")
+PEAK_RSS_KB=0
+RSS_SUM=0; RSS_N=0
+for _ in $(seq $(( SECONDS_PUSH - WARMUP ))); do
+    sleep 1
+    kill -0 "$AGENT" 2>/dev/null || { cat "$TMP/omen.log" >&2; die "the agent died under load"; }
+    r=$(status_kb "$AGENT" VmRSS)
+    (( r > PEAK_RSS_KB )) && PEAK_RSS_KB=$r
+    RSS_SUM=$(( RSS_SUM + r )); RSS_N=$(( RSS_N + 1 ))
+done
+T1=$(now_s); C1=$(cpu_ticks "$AGENT")
+END_RSS_KB=$(status_kb "$AGENT" VmRSS)
+HWM_PUSH_KB=$(status_kb "$AGENT" VmHWM)
+STEADY_S=$(python3 -c "print($T1 - $T0)")
+CPU_PCT=$(python3 -c "print(round(100.0 * ($C1 - $C0) / $CLK_TCK / ($T1 - $T0), 3))")
+RSS_MEAN_KB=$(( RSS_SUM / RSS_N ))
+log "steady state ${STEADY_S%.*} s: CPU ${CPU_PCT}% of one core, RSS end $((END_RSS_KB / 1024)) MB, peak $((PEAK_RSS_KB / 1024)) MB, HWM $((HWM_PUSH_KB / 1024)) MB"
+
+# ---------------------------------------------------------------- wrk phase (pusher still running)
+wrk_pct() { # $1 = percentile label (50%, 99%) ; wrk --latency output on stdin -> ms
+    awk -v q="$1" '$1 == q {
+        v = $2; u = v; sub(/^[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
+        if (u == "us") v /= 1000; else if (u == "s") v *= 1000; else if (u == "m") v *= 60000;
+        print v; exit }'
+}
+wrk_field() { # $1 = awk pattern on wrk output -> field $2
+    awk -v pat="$1" -v f="$2" '$0 ~ pat {print $f; exit}'
+}
+run_wrk() { # $1 = name, $2 = path
+    local name=$1 path=$2 out=$TMP/wrk-$1.txt
+    curl -fsS -o "$TMP/probe-$name.json" "$URL$path" || die "GET $path is not 200 before wrk: $(cat "$TMP/probe-$name.json" 2>/dev/null)"
+    log "wrk -t$WRK_THREADS -c$WRK_CONNS -d${WRK_SECONDS}s --latency $URL$path"
+    local c0 c1 t0 t1
+    t0=$(now_s); c0=$(cpu_ticks "$AGENT")
+    timeout $(( WRK_SECONDS + 30 )) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d"${WRK_SECONDS}s" --timeout 5s --latency "$URL$path" >"$out" 2>&1 \
+        || { cat "$out" >&2; die "wrk failed on $path"; }
+    t1=$(now_s); c1=$(cpu_ticks "$AGENT")
+    cat "$out" >&2
+    local p99 p50 p90 rps non2xx errs bytes
+    p50=$(wrk_pct 50% <"$out")
+    p90=$(wrk_pct 90% <"$out")
+    p99=$(wrk_pct 99% <"$out")
+    rps=$(wrk_field '^Requests/sec:' 2 <"$out")
+    non2xx=$(wrk_field 'Non-2xx or 3xx responses:' 5 <"$out"); non2xx=${non2xx:-0}
+    errs=$(awk '/Socket errors:/ {gsub(",", ""); print $4 + $6 + $8 + $10; exit}' "$out"); errs=${errs:-0}
+    reqs=$(awk '/requests in/ {print $1; exit}' "$out")
+    bytes=$(wc -c <"$TMP/probe-$name.json")
+    [[ -n $p50 && -n $p90 && -n $p99 && -n $rps && -n $reqs ]] || die "could not read wrk's output for $path"
+    cpu=$(python3 -c "print(round(100.0 * ($c1 - $c0) / $CLK_TCK / ($t1 - $t0), 1))")
+    printf '{"path": "%s", "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
+        "$path" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
+}
+LATEST_PATH=/scores/latest
+SERIES_PATH='/scores?signal=kvf_ratio&layer=3&gpu=0&since=now-5m&step=10s'
+run_wrk latest "$LATEST_PATH"
+sleep 2
+run_wrk series "$SERIES_PATH"
+HWM_END_KB=$(status_kb "$AGENT" VmHWM)
+LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
+RSS_AFTER_WRK_KB=$(status_kb "$AGENT" VmRSS)
+
+# ---------------------------------------------------------------- pusher result
+kill -0 "$PUSHER" 2>/dev/null || log "warning: push_load ended before wrk did; the last wrk run was not fully under push load"
+# The pusher stops by itself after --seconds (a few seconds from here); wait for its report.
+log "waiting for push_load to finish its schedule"
+PUSH_RC=0
+wait "$PUSHER" || PUSH_RC=$?
+# Count requests the agent saw fail: rejected ingest counter in /metrics.
+REJECTED=$(curl -fsS "$URL/metrics" | awk '/^omen_ingest_rejected_total/ {s += $NF} END {print s + 0}')
+SHED=$(curl -fsS "$URL/metrics" | awk '/^omen_shed_total/ {s += $NF} END {print s + 0}')
+cat "$TMP/push.log" >&2 || true
+
+# ---------------------------------------------------------------- summary
+python3 - "$OUT" <<EOF
+import json, sys, platform, os
+def load(p):
+    with open(p) as f:
+        return json.load(f)
+cpu = $CPU_PCT
+rss_mb = $END_RSS_KB / 1024
+peak_mb = $PEAK_RSS_KB / 1024
+hwm_mb = $HWM_PUSH_KB / 1024
+latest = load("$TMP/wrk-latest.json")
+series = load("$TMP/wrk-series.json")
+model = open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].split("\n")[0].strip() if "model name" in open("/proc/cpuinfo").read() else platform.machine()
+def verdict(ok): return "MET" if ok else "NOT MET"
+targets = {
+    "cpu_pct_of_one_core": {"value": cpu, "target": "< $CPU_TARGET_PCT", "verdict": verdict(cpu < $CPU_TARGET_PCT)},
+    "rss_mb": {"value": round(peak_mb, 1), "target": "< $RSS_TARGET_MB", "verdict": verdict(peak_mb < $RSS_TARGET_MB),
+               "note": "peak VmRSS sampled each second over the steady state"},
+    "scores_latest_p99_ms": {"value": latest["p99_ms"], "target": "< $P99_TARGET_MS",
+                             "verdict": verdict(latest["p99_ms"] < $P99_TARGET_MS and latest["non_2xx"] == 0 and latest["socket_errors"] == 0)},
+    "scores_series_p99_ms": {"value": series["p99_ms"], "target": "< $P99_TARGET_MS",
+                             "verdict": verdict(series["p99_ms"] < $P99_TARGET_MS and series["non_2xx"] == 0 and series["socket_errors"] == 0)},
+}
+summary = {
+    "machine": {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
+                "loadavg_start": "$LOADAVG_START", "loadavg_end": "$LOADAVG_END"},
+    "load": {"gpus": $GPUS, "layers": $LAYERS, "blocks": $BLOCKS, "canaries": $CANARIES, "rate_hz": 1,
+             "push_seconds": $SECONDS_PUSH, "warmup_seconds": $WARMUP},
+    "agent": {"cpu_pct_of_one_core": cpu, "steady_seconds": round($STEADY_S, 1),
+              "rss_idle_mb": round($IDLE_RSS_KB / 1024, 1), "rss_end_mb": round(rss_mb, 1),
+              "rss_mean_mb": round($RSS_MEAN_KB / 1024, 1), "rss_peak_mb": round(peak_mb, 1),
+              "vmhwm_push_mb": round(hwm_mb, 1), "vmhwm_end_mb": round($HWM_END_KB / 1024, 1),
+              "rss_after_wrk_mb": round($RSS_AFTER_WRK_KB / 1024, 1),
+              "ingest_rejected": $REJECTED, "ingest_shed": $SHED, "push_load_exit": $PUSH_RC},
+    "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $WRK_SECONDS,
+            "scores_latest": latest, "scores_series": series},
+    "targets": targets,
+}
+os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
+with open(sys.argv[1], "w") as f:
+    json.dump(summary, f, indent=2)
+    f.write("\n")
+rows = [
+    ("agent CPU, steady state (% of one core)", f"{cpu:.2f}", "< $CPU_TARGET_PCT", targets["cpu_pct_of_one_core"]["verdict"]),
+    ("agent RSS peak (MB)", f"{peak_mb:.1f}", "< $RSS_TARGET_MB", targets["rss_mb"]["verdict"]),
+    ("agent RSS end of push / VmHWM (MB)", f"{rss_mb:.1f} / {hwm_mb:.1f}", "", ""),
+    ("GET /scores/latest p99 (ms)", f"{latest['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_latest_p99_ms"]["verdict"]),
+    ("  p50 / req/s / non-2xx", f"{latest['p50_ms']:.2f} / {float(latest['rps']):.0f} / {latest['non_2xx']}", "", ""),
+    ("GET /scores?signal=kvf_ratio... p99 (ms)", f"{series['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_series_p99_ms"]["verdict"]),
+    ("  p50 / req/s / non-2xx", f"{series['p50_ms']:.2f} / {float(series['rps']):.0f} / {series['non_2xx']}", "", ""),
+]
+print()
+print(f"omen agent cost: {summary['load']['gpus']} GPUs x {summary['load']['layers']} layers x {summary['load']['blocks']} blocks + {summary['load']['canaries']} canaries at 1 Hz; {model}, {os.cpu_count()} cores")
+w = max(len(r[0]) for r in rows)
+print(f"{'measure':<{w}}  {'value':>14}  {'target':>7}  verdict")
+for r in rows:
+    print(f"{r[0]:<{w}}  {r[1]:>14}  {r[2]:>7}  {r[3]}")
+print(f"load average (1/5/15 min) at start {summary['machine']['loadavg_start']}, at end {summary['machine']['loadavg_end']}: other work on the machine inflates the wrk latencies")
+print(f"\nJSON: {sys.argv[1]}")
+EOF
+
+if (( PUSH_RC != 0 )); then
+    log "warning: push_load exited $PUSH_RC: some pushes failed (see its report above); the figures were taken under that load"
+fi
