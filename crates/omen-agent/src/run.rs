@@ -29,6 +29,7 @@ pub struct Agent {
     pipeline: std::thread::JoinHandle<Result<()>>,
     servers: Vec<tokio::task::JoinHandle<()>>,
     trace_done: tokio::sync::watch::Receiver<bool>,
+    otlp: Option<crate::otlp::OtlpExporter>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -64,6 +65,14 @@ impl Agent {
             .await
             .context("pipeline join")?
             .map_err(|_| anyhow::anyhow!("the pipeline thread panicked"))??;
+        // After the pipeline, so that the last values are flushed; never fails the stop.
+        if let Some(x) = self.otlp {
+            match tokio::task::spawn_blocking(move || x.shutdown()).await {
+                Ok(Err(e)) => warn!("{e}"),
+                Err(e) => warn!("OTLP shutdown task: {e}"),
+                Ok(Ok(())) => {}
+            }
+        }
         info!("stopped");
         Ok(())
     }
@@ -77,6 +86,11 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     info!(path = %store.path().display(), "store open");
     let live = Arc::new(LiveMetrics::new());
     let registry = Arc::new(metrics::registry(live.clone()));
+    // Before any source starts, so that the OTLP histograms see every latency.
+    let otlp = match &cfg.otlp {
+        Some(o) => Some(crate::otlp::start(o, live.clone()).map_err(|e| anyhow::anyhow!("otlp: {e}"))?),
+        None => None,
+    };
     let mut engine = Engine::new(cfg.clone(), store.clone(), live.clone())?;
     let summary = engine.summary_handle();
     let ready = Arc::new(AtomicBool::new(false));
@@ -158,7 +172,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     }
     spawn_live_sources(&cfg, &store, &live, &ingest_tx, &shutdown_rx, &mut servers)?;
     drop(ingest_tx);
-    Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done })
+    Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done, otlp })
 }
 
 fn source_up(live: &LiveMetrics, source: &str, up: bool) {

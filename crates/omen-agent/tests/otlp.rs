@@ -129,7 +129,8 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
         ttft_done && r.latest("omen.forecast_days_to_breach").is_some()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ready(&receiver) {
+    // The receiver stores a request before the exporter sees the reply, so wait for both.
+    while !ready(&receiver) || exporter.stats().exports == 0 {
         assert!(
             Instant::now() < deadline,
             "no complete export within 10 s; {} requests, stats {:?}",
