@@ -188,10 +188,12 @@ fn scalar_block(acc: &mut Accumulator, block: &[f32], offset: usize) -> Result<(
 /// chain) the entropy of 128k logits took 300-540 us on the 2-core AMD EPYC
 /// (Zen 3) VM, 17-30x the ~17 us read pass of benches/tle.rs. Measured on that
 /// machine, the exp pass is bound by how many dependent FP operations the core
-/// can hold in flight, not by memory, so this kernel shortens the chain: an
-/// 8-entry table for 2^(j/8) with a degree-3 polynomial, k taken directly from x,
-/// no floor when the block's range does not need it, and the exponent added as
-/// an integer. docs/benchmarks.md has the figures it reaches.
+/// can hold in flight, not by memory (fusing the max pass in, more accumulators
+/// or software pipelining did not help; a shorter chain did), so this kernel
+/// shortens the chain: an 8-entry table for 2^(j/8) with a degree-3 polynomial,
+/// k taken directly from x, no floor when the block's range does not need it,
+/// and the exponent added as an integer. It reaches ~42 us (fastest criterion
+/// sample; 2.6x the hot read pass, 1.3x a DRAM-resident one); docs/benchmarks.md.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
