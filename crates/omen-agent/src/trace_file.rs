@@ -18,7 +18,24 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
 }
 
 /// Reads the trace in batches of samples sharing a timestamp, in file order.
-pub fn batches(path: &Path) -> Result<impl Iterator<Item = Result<Vec<Sample>>>> {
+/// A `.sqlite` file is an Nsight Systems export: its CUDA memory events become
+/// arena KVF samples (one per device per second of trace time).
+pub fn batches(path: &Path) -> Result<Box<dyn Iterator<Item = Result<Vec<Sample>>> + Send>> {
+    if path.extension().is_some_and(|e| e == "sqlite") {
+        let samples = omen_sources::nsys::arena_samples(path, 1000)?;
+        let mut groups: Vec<Vec<Sample>> = Vec::new();
+        for s in samples {
+            match groups.last_mut() {
+                Some(g) if g[0].ts_ms == s.ts_ms => g.push(s),
+                _ => groups.push(vec![s]),
+            }
+        }
+        return Ok(Box::new(groups.into_iter().map(Ok)));
+    }
+    Ok(Box::new(jsonl_batches(path)?))
+}
+
+fn jsonl_batches(path: &Path) -> Result<impl Iterator<Item = Result<Vec<Sample>>> + Send> {
     let display = path.display().to_string();
     let mut samples = read_jsonl_trace(open(path)?).peekable();
     Ok(std::iter::from_fn(move || {

@@ -3,6 +3,7 @@
 
 pub mod canary;
 pub mod ingest;
+pub mod nsys;
 pub mod nvml;
 pub mod sample;
 pub mod scrape;
