@@ -13,7 +13,7 @@ REF_VENV := .venv-ref
 DEPLOY_VENV := .venv-deploy
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: setup setup-rust setup-apt setup-python setup-llm run test test-rust test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: setup setup-rust setup-apt setup-python setup-llm run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
 setup: setup-rust setup-apt setup-python setup-llm
@@ -54,7 +54,7 @@ run: setup-rust
 	$(CARGO) run --release -p omen-agent -- run --config $(OMEN_CONFIG)
 
 ## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)
-test: setup test-rust test-fixtures test-ops
+test: setup test-rust test-fixtures test-ops e2e
 
 test-rust:
 	$(CARGO) test --workspace --all-targets
@@ -68,6 +68,11 @@ test-ops: setup-apt setup-python
 	bash scripts/test-alerting.sh
 	$(PYTHON) scripts/test-dashboards.py
 	bash scripts/test-deploy.sh
+
+## e2e: agent on a recorded trace -> real Prometheus with the rules -> real Alertmanager -> webhook receivers
+e2e: setup-rust setup-apt
+	$(CARGO) build -p omen-agent --bin omen
+	OMEN_BIN=target/debug/omen bash scripts/test-e2e.sh
 
 ## lint: formatting and clippy, warnings are errors
 lint: setup-rust

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Write the embedded demo trace deploy/traces/demo-degradation.jsonl.gz (deterministic).
+"""Write the embedded demo traces under deploy/traces/ (deterministic).
 
-14 days at 10-minute resolution of one vLLM-like replica: KV usage and KV
-fragmentation creep (slow drifts the 14-day forecast should catch), a slow VRAM
-leak, a TTFT drift, and on day 11.5 a silent model change that shifts TLE and
-RCI (an abrupt fault the window scores should flag). `make run` replays it.
+Default: deploy/traces/demo-degradation.jsonl.gz, 14 days at 10-minute
+resolution of one vLLM-like replica: KV usage and KV fragmentation creep (slow
+drifts the 14-day forecast should catch), a slow VRAM leak, a TTFT drift, and
+on day 11.5 a silent model change that shifts TLE and RCI (an abrupt fault the
+window scores should flag). `make run` replays it.
+
+--healthy: deploy/traces/demo-healthy.jsonl.gz, the same shape (same signals,
+labels, days and step) of a healthy replica: no drift beyond noise and no
+model change (KV usage flat around 0.55, KVF flat around 1.15, VRAM and TTFT
+flat, TLE and RCI steady). scripts/test-e2e.sh replays it and expects no alert.
 """
 
+import argparse
 import gzip
 import json
 import math
@@ -15,14 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-OUT = Path(__file__).resolve().parent.parent / "deploy" / "traces" / "demo-degradation.jsonl.gz"
+TRACES = Path(__file__).resolve().parent.parent / "deploy" / "traces"
+OUT = TRACES / "demo-degradation.jsonl.gz"
+OUT_HEALTHY = TRACES / "demo-healthy.jsonl.gz"
 START = int(datetime(2026, 11, 1, tzinfo=timezone.utc).timestamp() * 1000)
 STEP_MS = 10 * 60_000
 DAYS = 14
 CHANGE_DAY = 11.5
 
 
-def main() -> None:
+def degradation() -> list[str]:
     rng = np.random.default_rng(2026)
     steps = DAYS * 24 * 6
     lines = []
@@ -44,11 +53,54 @@ def main() -> None:
         out.append(("gpu_memory_used_bytes", {"gpu": "0"}, 60e9 + 0.4e9 * day + rng.normal(0, 0.05e9)))
         out.append(("gpu_memory_total_bytes", {"gpu": "0"}, 80e9))
         for signal, labels, value in out:
-            lines.append(json.dumps({"ts_ms": ts, "signal": signal, "labels": labels, "value": float(f"{value:.6g}")}, sort_keys=True))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(OUT, "wb", mtime=0) as f:
+            lines.append(line(ts, signal, labels, value))
+    return lines
+
+
+def healthy() -> list[str]:
+    rng = np.random.default_rng(2027)
+    steps = DAYS * 24 * 6
+    lines = []
+    for i in range(steps):
+        ts = START + i * STEP_MS
+        day = i / (24 * 6)
+        daily = math.sin(2 * math.pi * (day % 1.0) - math.pi / 2)
+        out = []
+        for layer in range(4):
+            usage = 0.55 + 0.02 * daily + rng.normal(0, 0.01)
+            out.append(("kvcache_usage_ratio", {"gpu": "0", "layer": str(layer)}, min(max(usage, 0.0), 1.0)))
+            kvf = 1.15 + rng.normal(0, 0.01)
+            out.append(("kvf_ratio", {"gpu": "0", "layer": str(layer)}, max(kvf, 1.0)))
+        ttft = 0.08 * (1 + 0.1 * max(daily, 0)) * math.exp(rng.normal(0, 0.1))
+        out.append(("canary_ttft_seconds", {"canary": "capital"}, ttft))
+        out.append(("tle_bits", {"canary": "capital"}, 1.20 + rng.normal(0, 0.004)))
+        out.append(("rci", {"canary": "capital"}, min(max(0.08 + rng.normal(0, 0.01), 0.0), 1.0)))
+        out.append(("gpu_memory_used_bytes", {"gpu": "0"}, 60e9 + rng.normal(0, 0.05e9)))
+        out.append(("gpu_memory_total_bytes", {"gpu": "0"}, 80e9))
+        for signal, labels, value in out:
+            lines.append(line(ts, signal, labels, value))
+    return lines
+
+
+def line(ts: int, signal: str, labels: dict, value: float) -> str:
+    return json.dumps({"ts_ms": ts, "signal": signal, "labels": labels, "value": float(f"{value:.6g}")}, sort_keys=True)
+
+
+def write(out: Path, lines: list[str]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(out, "wb", mtime=0) as f:
         f.write(("\n".join(lines) + "\n").encode())
-    print(f"wrote {OUT} ({len(lines)} samples, {OUT.stat().st_size} bytes)")
+    print(f"wrote {out} ({len(lines)} samples, {out.stat().st_size} bytes)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--healthy", action="store_true", help=f"write {OUT_HEALTHY.name} (no drift, no model change) instead")
+    args = ap.parse_args()
+    if args.healthy:
+        write(OUT_HEALTHY, healthy())
+    else:
+        write(OUT, degradation())
 
 
 if __name__ == "__main__":

@@ -19,8 +19,16 @@ impl Drop for Server {
 
 fn start_llama_server() -> (Server, u16) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new("bash").arg(root.join("scripts/llm-server.sh")).arg("path").output().expect("run scripts/llm-server.sh");
-    assert!(out.status.success(), "llama.cpp server not installed; run `make setup`: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("bash")
+        .arg(root.join("scripts/llm-server.sh"))
+        .arg("path")
+        .output()
+        .expect("run scripts/llm-server.sh");
+    assert!(
+        out.status.success(),
+        "llama.cpp server not installed; run `make setup`: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let mut lines = text.lines();
     let (server, model) = (lines.next().unwrap().to_owned(), lines.next().unwrap().to_owned());
@@ -41,7 +49,13 @@ async fn canary_and_scrape_sources_feed_the_pipeline() {
     let (_server, port) = start_llama_server();
     let c = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while c.get(format!("http://127.0.0.1:{port}/health")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+    while c
+        .get(format!("http://127.0.0.1:{port}/health"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
         assert!(Instant::now() < deadline, "llama-server did not become healthy");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -60,17 +74,36 @@ async fn canary_and_scrape_sources_feed_the_pipeline() {
         if text.contains("omen_rci{canary=\"capital\"}") && text.contains("omen_server_requests_running{") {
             break text;
         }
-        assert!(Instant::now() < deadline, "sources produced no canary RCI or server metrics in 120 s:\n{text}");
+        assert!(
+            Instant::now() < deadline,
+            "sources produced no canary RCI or server metrics in 120 s:\n{text}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     assert!(metrics.contains("omen_source_up{source=\"canary\"} 1"), "{metrics}");
     assert!(metrics.contains("omen_source_up{source=\"server_metrics\"} 1"), "{metrics}");
     assert!(!metrics.contains("source=\"nvml\""), "no GPU here: NVML is off, not down\n{metrics}");
     assert!(metrics.contains("omen_ttft_seconds_bucket{"), "{metrics}");
-    let tle: f64 = metrics.lines().find(|l| l.starts_with("omen_tle_bits{canary=\"capital\"}")).unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    let tle: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("omen_tle_bits{canary=\"capital\"}"))
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(tle > 0.0 && tle < 49152f64.log2(), "{tle}");
     // greedy decoding of the same prompt reproduces the captured reference: lexical RCI ~ 0
-    let rci: f64 = metrics.lines().find(|l| l.starts_with("omen_rci{canary=\"capital\"}")).unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    let rci: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("omen_rci{canary=\"capital\"}"))
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(rci < 0.05, "{rci}");
     let reference = agent.state.store.canary_reference("capital").unwrap();
     assert!(reference.is_some_and(|r| !r.is_empty()));
