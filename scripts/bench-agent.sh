@@ -5,9 +5,11 @@
 #
 #   bash scripts/bench-agent.sh            # 60 s of push load, 2 x 15 s of wrk
 #
-# Environment: BENCH_SECONDS (push phase, default 60), BENCH_WARMUP (seconds skipped
+# Environment: BENCH_SECONDS (push phase, default 60), BENCH_BACKFILL (seconds of
+# history pushed before the timing starts, default 300), BENCH_WARMUP (seconds skipped
 # before CPU sampling, default 10), BENCH_WRK_SECONDS (default 15), BENCH_WRK_CONNS
-# (default 200), BENCH_WRK_THREADS (default 2), BENCH_GPUS / BENCH_LAYERS /
+# (default 200), BENCH_WRK_THREADS (default 2), BENCH_WRK1_SECONDS (the
+# one-connection service-time runs, default 5), BENCH_GPUS / BENCH_LAYERS /
 # BENCH_BLOCKS / BENCH_CANARIES (push shape, default 8/80/4096/4), BENCH_OUT (JSON
 # summary, default target/bench-agent.json), CARGO_TARGET_DIR (where the release
 # build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built).
@@ -24,6 +26,8 @@ WARMUP=${BENCH_WARMUP:-10}
 WRK_SECONDS=${BENCH_WRK_SECONDS:-15}
 WRK_CONNS=${BENCH_WRK_CONNS:-200}
 WRK_THREADS=${BENCH_WRK_THREADS:-2}
+WRK1_SECONDS=${BENCH_WRK1_SECONDS:-5}
+BACKFILL=${BENCH_BACKFILL:-300}
 GPUS=${BENCH_GPUS:-8}
 LAYERS=${BENCH_LAYERS:-80}
 BLOCKS=${BENCH_BLOCKS:-4096}
@@ -41,6 +45,7 @@ die() { echo "bench-agent: $*" >&2; exit 1; }
 log() { echo "bench-agent: $*" >&2; }
 
 [[ $SECONDS_PUSH =~ ^[0-9]+$ ]] || die "BENCH_SECONDS=$SECONDS_PUSH is not a whole number of seconds"
+[[ $BACKFILL =~ ^[0-9]+$ ]] || die "BENCH_BACKFILL=$BACKFILL is not a whole number of seconds"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP=$WARMUP is not a whole number of seconds"
 (( SECONDS_PUSH > WARMUP + 4 )) || die "BENCH_SECONDS ($SECONDS_PUSH) must exceed BENCH_WARMUP ($WARMUP) by at least 5 s"
 (( SECONDS_PUSH <= 3600 )) || die "BENCH_SECONDS is capped at 3600"
@@ -120,12 +125,28 @@ status_kb() { # VmRSS / VmHWM of $1 in kB
 }
 now_s() { date +%s.%N; }
 
+# Idle cost (no pushes yet): 5 s.
+I0=$(now_s); IC0=$(cpu_ticks "$AGENT")
+sleep 5
+I1=$(now_s); IC1=$(cpu_ticks "$AGENT")
+CPU_IDLE_PCT=$(python3 -c "print(round(100.0 * ($IC1 - $IC0) / $CLK_TCK / ($I1 - $I0), 3))")
 IDLE_RSS_KB=$(status_kb "$AGENT" VmRSS)
 LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
+# ---------------------------------------------------------------- backfill
+# The store gets BENCH_BACKFILL seconds of history first (default 300 = the 5-minute window
+# the /scores query reads), so queries meet what a long-running agent holds. Not timed.
+if (( BACKFILL > 0 )); then
+    log "backfill: ${BACKFILL} s of history"
+    timeout $(( BACKFILL + 120 )) "$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" \
+        --canaries "$CANARIES" --seconds 0 --backfill "$BACKFILL" >"$TMP/backfill.log" 2>&1 \
+        || { cat "$TMP/backfill.log" >&2; die "backfill failed"; }
+    cat "$TMP/backfill.log" >&2
+fi
+
 # ---------------------------------------------------------------- push phase
 # One pusher runs the push phase and the wrk phase, so /scores is measured under load.
-PUSH_TOTAL=$(( SECONDS_PUSH + 2 * (WRK_SECONDS + 3) + 8 ))
+PUSH_TOTAL=$(( SECONDS_PUSH + 2 * (WRK_SECONDS + 3) + 2 * (WRK1_SECONDS + 2) + 8 ))
 log "push load: ${GPUS} GPUs x ${LAYERS} layers x ${BLOCKS} blocks, ${CANARIES} canaries, 1 Hz, ${PUSH_TOTAL} s in all"
 "$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
     --seconds "$PUSH_TOTAL" --rate 1 >"$TMP/push.log" 2>&1 &
@@ -162,13 +183,14 @@ wrk_pct() { # $1 = percentile label (50%, 99%) ; wrk --latency output on stdin -
 wrk_field() { # $1 = awk pattern on wrk output -> field $2
     awk -v pat="$1" -v f="$2" '$0 ~ pat {print $f; exit}'
 }
-run_wrk() { # $1 = name, $2 = path
+run_wrk() { # $1 = name, $2 = path, [$3 = connections, $4 = threads, $5 = seconds]
     local name=$1 path=$2 out=$TMP/wrk-$1.txt
+    local conns=${3:-$WRK_CONNS} threads=${4:-$WRK_THREADS} secs=${5:-$WRK_SECONDS}
     curl -fsS -o "$TMP/probe-$name.json" "$URL$path" || die "GET $path is not 200 before wrk: $(cat "$TMP/probe-$name.json" 2>/dev/null)"
-    log "wrk -t$WRK_THREADS -c$WRK_CONNS -d${WRK_SECONDS}s --latency $URL$path"
+    log "wrk -t$threads -c$conns -d${secs}s --latency $URL$path"
     local c0 c1 t0 t1
     t0=$(now_s); c0=$(cpu_ticks "$AGENT")
-    timeout $(( WRK_SECONDS + 30 )) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" -d"${WRK_SECONDS}s" --timeout 5s --latency "$URL$path" >"$out" 2>&1 \
+    timeout $(( secs + 30 )) wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency "$URL$path" >"$out" 2>&1 \
         || { cat "$out" >&2; die "wrk failed on $path"; }
     t1=$(now_s); c1=$(cpu_ticks "$AGENT")
     cat "$out" >&2
@@ -183,14 +205,18 @@ run_wrk() { # $1 = name, $2 = path
     bytes=$(wc -c <"$TMP/probe-$name.json")
     [[ -n $p50 && -n $p90 && -n $p99 && -n $rps && -n $reqs ]] || die "could not read wrk's output for $path"
     cpu=$(python3 -c "print(round(100.0 * ($c1 - $c0) / $CLK_TCK / ($t1 - $t0), 1))")
-    printf '{"path": "%s", "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
-        "$path" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
+    printf '{"path": "%s", "connections": %s, "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
+        "$path" "$conns" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
 }
 LATEST_PATH=/scores/latest
 SERIES_PATH='/scores?signal=kvf_ratio&layer=3&gpu=0&since=now-5m&step=10s'
 run_wrk latest "$LATEST_PATH"
 sleep 2
 run_wrk series "$SERIES_PATH"
+# One connection: the per-request service time, without queueing (informative, no target).
+sleep 1
+run_wrk latest1 "$LATEST_PATH" 1 1 "$WRK1_SECONDS"
+run_wrk series1 "$SERIES_PATH" 1 1 "$WRK1_SECONDS"
 HWM_END_KB=$(status_kb "$AGENT" VmHWM)
 LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
 RSS_AFTER_WRK_KB=$(status_kb "$AGENT" VmRSS)
@@ -218,6 +244,8 @@ peak_mb = $PEAK_RSS_KB / 1024
 hwm_mb = $HWM_PUSH_KB / 1024
 latest = load("$TMP/wrk-latest.json")
 series = load("$TMP/wrk-series.json")
+latest1 = load("$TMP/wrk-latest1.json")
+series1 = load("$TMP/wrk-series1.json")
 model = open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].split("\n")[0].strip() if "model name" in open("/proc/cpuinfo").read() else platform.machine()
 def verdict(ok): return "MET" if ok else "NOT MET"
 targets = {
@@ -233,15 +261,16 @@ summary = {
     "machine": {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
                 "loadavg_start": "$LOADAVG_START", "loadavg_end": "$LOADAVG_END"},
     "load": {"gpus": $GPUS, "layers": $LAYERS, "blocks": $BLOCKS, "canaries": $CANARIES, "rate_hz": 1,
-             "push_seconds": $SECONDS_PUSH, "warmup_seconds": $WARMUP},
-    "agent": {"cpu_pct_of_one_core": cpu, "steady_seconds": round($STEADY_S, 1),
+             "push_seconds": $SECONDS_PUSH, "warmup_seconds": $WARMUP, "backfill_seconds": $BACKFILL},
+    "agent": {"cpu_pct_of_one_core": cpu, "cpu_idle_pct_of_one_core": $CPU_IDLE_PCT, "steady_seconds": round($STEADY_S, 1),
               "rss_idle_mb": round($IDLE_RSS_KB / 1024, 1), "rss_end_mb": round(rss_mb, 1),
               "rss_mean_mb": round($RSS_MEAN_KB / 1024, 1), "rss_peak_mb": round(peak_mb, 1),
               "vmhwm_push_mb": round(hwm_mb, 1), "vmhwm_end_mb": round($HWM_END_KB / 1024, 1),
               "rss_after_wrk_mb": round($RSS_AFTER_WRK_KB / 1024, 1),
               "ingest_rejected": $REJECTED, "ingest_shed": $SHED, "push_load_exit": $PUSH_RC},
     "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $WRK_SECONDS,
-            "scores_latest": latest, "scores_series": series},
+            "scores_latest": latest, "scores_series": series,
+            "one_connection": {"scores_latest": latest1, "scores_series": series1}},
     "targets": targets,
 }
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
@@ -250,12 +279,16 @@ with open(sys.argv[1], "w") as f:
     f.write("\n")
 rows = [
     ("agent CPU, steady state (% of one core)", f"{cpu:.2f}", "< $CPU_TARGET_PCT", targets["cpu_pct_of_one_core"]["verdict"]),
+    ("agent CPU, idle before pushes (% of one core)", f"{$CPU_IDLE_PCT:.2f}", "", ""),
     ("agent RSS peak (MB)", f"{peak_mb:.1f}", "< $RSS_TARGET_MB", targets["rss_mb"]["verdict"]),
     ("agent RSS end of push / VmHWM (MB)", f"{rss_mb:.1f} / {hwm_mb:.1f}", "", ""),
     ("GET /scores/latest p99 (ms)", f"{latest['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_latest_p99_ms"]["verdict"]),
     ("  p50 / req/s / non-2xx", f"{latest['p50_ms']:.2f} / {float(latest['rps']):.0f} / {latest['non_2xx']}", "", ""),
     ("GET /scores?signal=kvf_ratio... p99 (ms)", f"{series['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_series_p99_ms"]["verdict"]),
     ("  p50 / req/s / non-2xx", f"{series['p50_ms']:.2f} / {float(series['rps']):.0f} / {series['non_2xx']}", "", ""),
+    ("1 connection: /scores/latest p50 / p99 (ms)", f"{latest1['p50_ms']:.2f} / {latest1['p99_ms']:.2f}", "", ""),
+    ("1 connection: /scores?... p50 / p99 (ms)", f"{series1['p50_ms']:.2f} / {series1['p99_ms']:.2f}", "", ""),
+    ("/scores/latest response size (kB)", f"{latest['response_bytes'] / 1000:.1f}", "", ""),
 ]
 print()
 print(f"omen agent cost: {summary['load']['gpus']} GPUs x {summary['load']['layers']} layers x {summary['load']['blocks']} blocks + {summary['load']['canaries']} canaries at 1 Hz; {model}, {os.cpu_count()} cores")

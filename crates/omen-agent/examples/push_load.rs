@@ -7,6 +7,10 @@
 //! RCI. Occupancy comes from a small block allocator per (GPU, layer) pool whose
 //! load drifts slowly, so usage and fragmentation move the way a serving engine's do.
 //!
+//! With `--backfill N` it first pushes the last N seconds of history (past timestamps,
+//! each round acknowledged before the next), so a query over a recent window meets
+//! the store a long-running agent would have.
+//!
 //! Every response must be a 200; the run prints its counts and exits non-zero if any
 //! request failed. It is bounded: `--seconds` of rounds, each request with a timeout,
 //! and the whole run with a hard deadline. Only loopback URLs are accepted unless
@@ -47,6 +51,10 @@ struct Args {
     /// How long to push, seconds (rounds = seconds x rate).
     #[arg(long, default_value_t = 60)]
     seconds: u64,
+    /// First push this many seconds of history (timestamps in the past), as fast as the
+    /// agent acknowledges, so that queries over recent windows see a full store.
+    #[arg(long, default_value_t = 0)]
+    backfill: u64,
     /// Rounds per second.
     #[arg(long, default_value_t = 1.0)]
     rate: f64,
@@ -56,8 +64,9 @@ struct Args {
     /// Seed of the occupancy and canary simulation.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Bearer token for the ingest endpoints (when the agent sets http.ingest_token_env).
-    #[arg(long, env = "OMEN_INGEST_TOKEN")]
+    /// Bearer token for the ingest endpoints (when the agent sets http.ingest_token_env);
+    /// default: the OMEN_INGEST_TOKEN environment variable, if set.
+    #[arg(long)]
     token: Option<String>,
     /// Allow a URL whose host is not loopback.
     #[arg(long)]
@@ -228,7 +237,8 @@ impl Gpu {
     /// Advances one round and returns the kvcache payload.
     fn round(&mut self, gpu: u32, t_s: f64, ts_ms: i64) -> Value {
         self.walk = (self.walk + 0.01 * self.rng.normal()).clamp(-0.15, 0.15);
-        let load = self.base + 0.12 * (std::f64::consts::TAU * t_s / self.period_s + self.phase).sin() + self.walk;
+        let load =
+            self.base + 0.12 * (std::f64::consts::TAU * t_s / self.period_s + self.phase).sin() + self.walk;
         let blocks = self.pools.first().map_or(0, |p| p.blocks);
         let mut layers = Vec::with_capacity(self.pools.len());
         for (layer, pool) in self.pools.iter_mut().enumerate() {
@@ -318,7 +328,13 @@ impl Counters {
     }
 }
 
-async fn post(client: reqwest::Client, url: String, token: Option<Arc<str>>, body: Vec<u8>, c: Arc<Counters>) {
+async fn post(
+    client: reqwest::Client,
+    url: String,
+    token: Option<Arc<str>>,
+    body: Vec<u8>,
+    c: Arc<Counters>,
+) {
     c.sent.fetch_add(1, Ordering::Relaxed);
     c.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
     let endpoint = url.rsplit('/').next().unwrap_or("?").to_owned();
@@ -352,8 +368,8 @@ fn check_loopback(url: &str) -> Result<()> {
     } else {
         authority.rsplit_once(':').map_or(authority, |(h, _)| h)
     };
-    let loopback = host == "localhost"
-        || host.parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+    let loopback =
+        host == "localhost" || host.parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
     if !loopback {
         bail!("--url host {host:?} is not loopback; pass --allow-non-loopback to push elsewhere");
     }
@@ -368,6 +384,75 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
     sorted[i] as f64 / 1000.0
 }
 
+/// What one round sends: the simulated node and its canaries.
+struct Node {
+    base: String,
+    gpus: Vec<Gpu>,
+    canaries: Vec<Canary>,
+    rng: Rng,
+}
+
+impl Node {
+    /// (url, JSON body) of every request of one round at simulated time `t_s`, stamped `ts_ms`.
+    fn round(&mut self, t_s: f64, ts_ms: i64) -> Result<Vec<(String, Vec<u8>)>> {
+        let base = &self.base;
+        let mut bodies: Vec<(String, Vec<u8>)> = Vec::new();
+        for (g, gpu) in self.gpus.iter_mut().enumerate() {
+            let payload = gpu.round(g as u32, t_s, ts_ms);
+            bodies.push((format!("{base}/v1/ingest/kvcache"), serde_json::to_vec(&payload)?));
+        }
+        let mut samples = Vec::new();
+        for c in &self.canaries {
+            let lp = c.top_logprobs(&mut self.rng);
+            let payload =
+                json!({ "ts_ms": ts_ms, "canary": c.name, "top_logprobs": lp, "vocab_size": 128_256 });
+            bodies.push((format!("{base}/v1/ingest/logits"), serde_json::to_vec(&payload)?));
+            let (ttft, tpot, e2e, rci) = c.latencies(&mut self.rng);
+            for (signal, value) in [
+                ("canary_ttft_seconds", ttft),
+                ("canary_tpot_seconds", tpot),
+                ("canary_e2e_seconds", e2e),
+                ("rci", rci),
+            ] {
+                samples.push(json!({ "signal": signal, "labels": { "canary": c.name }, "value": value, "ts_ms": ts_ms }));
+            }
+        }
+        if !samples.is_empty() {
+            bodies.push((
+                format!("{base}/v1/ingest/samples"),
+                serde_json::to_vec(&json!({ "samples": samples }))?,
+            ));
+        }
+        Ok(bodies)
+    }
+}
+
+/// Prints one phase's counts; returns the number of failed requests.
+fn report(phase: &str, c: &Counters, rounds_done: u64, rounds: u64, elapsed: f64, build_us: u64) -> u64 {
+    let sent = c.sent.load(Ordering::Relaxed);
+    let ok = c.ok.load(Ordering::Relaxed);
+    let failed = c.failed.load(Ordering::Relaxed);
+    let bytes = c.bytes.load(Ordering::Relaxed) as f64;
+    let mut lat = c.latencies_us.lock().expect("not poisoned").clone();
+    lat.sort_unstable();
+    println!(
+        "push_load {phase}: {rounds_done}/{rounds} rounds in {elapsed:.1} s; {sent} requests, {ok} ok, {failed} failed"
+    );
+    println!(
+        "push_load {phase}: {:.1} MB sent ({:.0} kB/round); request latency ms: p50 {:.1}, p99 {:.1}, max {:.1}; payload build {:.1} ms/round",
+        bytes / 1e6,
+        bytes / 1e3 / rounds_done.max(1) as f64,
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
+        build_us as f64 / 1e3 / rounds_done.max(1) as f64,
+    );
+    for (kind, (n, example)) in c.errors.lock().expect("not poisoned").iter() {
+        println!("push_load {phase}: error {kind}: {n}x, e.g. {example}");
+    }
+    failed
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -380,28 +465,34 @@ async fn main() -> Result<()> {
     if args.gpus == 0 || args.layers == 0 || args.blocks == 0 {
         bail!("--gpus, --layers and --blocks must be at least 1");
     }
-    if args.seconds == 0 || args.seconds > 86_400 {
-        bail!("--seconds must be in 1..=86400");
+    if args.seconds > 86_400 || args.backfill > 86_400 {
+        bail!("--seconds and --backfill are capped at 86400");
     }
-    let base = args.url.trim_end_matches('/').to_owned();
+    if args.seconds == 0 && args.backfill == 0 {
+        bail!("nothing to do: give --seconds and/or --backfill");
+    }
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(args.timeout))
         .pool_max_idle_per_host(64)
         .build()?;
-    let token: Option<Arc<str>> = args.token.as_deref().map(Arc::from);
-    let counters = Arc::new(Counters::default());
+    let token: Option<Arc<str>> = args
+        .token
+        .clone()
+        .or_else(|| std::env::var("OMEN_INGEST_TOKEN").ok().filter(|t| !t.is_empty()))
+        .map(Arc::from);
 
-    let mut gpus: Vec<Gpu> = (0..args.gpus).map(|g| Gpu::new(g, args.layers, args.blocks, args.seed)).collect();
     let mut rng = Rng::new(args.seed.wrapping_add(0x5EED));
     let canaries: Vec<Canary> = (0..args.canaries).map(|i| Canary::new(i, &mut rng)).collect();
-
-    let rounds = ((args.seconds as f64) * args.rate).ceil().max(1.0) as u64;
-    let period = Duration::from_secs_f64(1.0 / args.rate);
-    // Hard stop: the schedule plus one request timeout plus slack.
-    let deadline = Instant::now() + Duration::from_secs(args.seconds + args.timeout + 5);
+    let mut node = Node {
+        base: args.url.trim_end_matches('/').to_owned(),
+        gpus: (0..args.gpus).map(|g| Gpu::new(g, args.layers, args.blocks, args.seed)).collect(),
+        canaries,
+        rng,
+    };
+    let period_ms = 1000.0 / args.rate;
     eprintln!(
-        "push_load: {} rounds at {}/s to {base}: {} GPUs x {} layers x {} blocks, {} canaries",
-        rounds, args.rate, args.gpus, args.layers, args.blocks, args.canaries
+        "push_load: {} GPUs x {} layers x {} blocks, {} canaries to {}; backfill {} s, then {} s at {}/s",
+        args.gpus, args.layers, args.blocks, args.canaries, node.base, args.backfill, args.seconds, args.rate
     );
 
     // SIGINT / SIGTERM end the schedule early; what is in flight is drained and reported.
@@ -425,104 +516,99 @@ async fn main() -> Result<()> {
             stop.notify_one();
         });
     }
-
-    let started = Instant::now();
+    let mut failed = 0u64;
     let mut stopped = false;
-    let mut ticker = tokio::time::interval(period);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut inflight: JoinSet<()> = JoinSet::new();
-    let mut sim_us: u64 = 0;
-    let mut rounds_done = 0u64;
     let mut overrun = false;
-    for round in 0..rounds {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.notified() => {
-                stopped = true;
+
+    // Backfill: the last --backfill seconds of history, back to back, each round acknowledged
+    // before the next (so the store holds what a long-running agent would before the timing starts).
+    if args.backfill > 0 {
+        let counters = Arc::new(Counters::default());
+        let rounds = ((args.backfill as f64) * args.rate).ceil() as u64;
+        let deadline = Instant::now() + Duration::from_secs(60 + args.backfill);
+        let started = Instant::now();
+        let first_ms = now_ms() - (rounds as f64 * period_ms) as i64;
+        let (mut done, mut build_us) = (0u64, 0u64);
+        for round in 0..rounds {
+            if Instant::now() >= deadline {
+                overrun = true;
                 break;
             }
-        }
-        if Instant::now() >= deadline {
-            overrun = true;
-            break;
-        }
-        // Reap finished requests; a backlog beyond a few rounds means the agent cannot keep up.
-        while inflight.try_join_next().is_some() {}
-        let t_s = round as f64 / args.rate;
-        let ts_ms = now_ms();
-        let sim_start = Instant::now();
-        let mut bodies: Vec<(String, Vec<u8>)> = Vec::new();
-        for (g, gpu) in gpus.iter_mut().enumerate() {
-            let payload = gpu.round(g as u32, t_s, ts_ms);
-            bodies.push((format!("{base}/v1/ingest/kvcache"), serde_json::to_vec(&payload)?));
-        }
-        let mut samples = Vec::new();
-        for c in &canaries {
-            let lp = c.top_logprobs(&mut rng);
-            let payload = json!({ "ts_ms": ts_ms, "canary": c.name, "top_logprobs": lp, "vocab_size": 128_256 });
-            bodies.push((format!("{base}/v1/ingest/logits"), serde_json::to_vec(&payload)?));
-            let (ttft, tpot, e2e, rci) = c.latencies(&mut rng);
-            for (signal, value) in [
-                ("canary_ttft_seconds", ttft),
-                ("canary_tpot_seconds", tpot),
-                ("canary_e2e_seconds", e2e),
-                ("rci", rci),
-            ] {
-                samples.push(json!({ "signal": signal, "labels": { "canary": c.name }, "value": value, "ts_ms": ts_ms }));
+            let t = Instant::now();
+            let bodies =
+                node.round(round as f64 / args.rate, first_ms + (round as f64 * period_ms) as i64)?;
+            build_us += t.elapsed().as_micros() as u64;
+            let mut set: JoinSet<()> = JoinSet::new();
+            for (url, body) in bodies {
+                set.spawn(post(client.clone(), url, token.clone(), body, counters.clone()));
             }
+            let all = async { while set.join_next().await.is_some() {} };
+            tokio::select! {
+                _ = all => {}
+                _ = stop.notified() => {
+                    stopped = true;
+                    break;
+                }
+            }
+            done += 1;
         }
-        if !samples.is_empty() {
-            bodies.push((format!("{base}/v1/ingest/samples"), serde_json::to_vec(&json!({ "samples": samples }))?));
-        }
-        sim_us += sim_start.elapsed().as_micros() as u64;
-        for (url, body) in bodies {
-            inflight.spawn(post(client.clone(), url, token.clone(), body, counters.clone()));
-        }
-        rounds_done += 1;
+        failed += report("backfill", &counters, done, rounds, started.elapsed().as_secs_f64(), build_us);
     }
-    // Drain what is in flight, bounded by the deadline.
-    let drain = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), async {
-        while inflight.join_next().await.is_some() {}
-    })
-    .await;
-    let abandoned = if drain.is_err() {
-        let n = inflight.len() as u64;
-        inflight.abort_all();
-        counters.error("deadline".into(), format!("{n} requests still in flight at the deadline"));
-        n
-    } else {
-        0
-    };
-    let elapsed = started.elapsed().as_secs_f64();
 
-    let sent = counters.sent.load(Ordering::Relaxed);
-    let ok = counters.ok.load(Ordering::Relaxed);
-    let failed = counters.failed.load(Ordering::Relaxed);
-    let mut lat = counters.latencies_us.lock().expect("not poisoned").clone();
-    lat.sort_unstable();
-    println!(
-        "push_load: {rounds_done}/{rounds} rounds in {elapsed:.1} s; {sent} requests, {ok} ok, {failed} failed{}",
-        if abandoned > 0 { format!(" ({abandoned} abandoned)") } else { String::new() }
-    );
-    println!(
-        "push_load: {:.1} MB sent ({:.0} kB/round); request latency ms: p50 {:.1}, p99 {:.1}, max {:.1}; payload build {:.1} ms/round",
-        counters.bytes.load(Ordering::Relaxed) as f64 / 1e6,
-        counters.bytes.load(Ordering::Relaxed) as f64 / 1e3 / rounds_done.max(1) as f64,
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99),
-        lat.last().map_or(f64::NAN, |v| *v as f64 / 1000.0),
-        sim_us as f64 / 1e3 / rounds_done.max(1) as f64,
-    );
-    for (kind, (n, example)) in counters.errors.lock().expect("not poisoned").iter() {
-        println!("push_load: error {kind}: {n}x, e.g. {example}");
+    // Live schedule: one round per period, requests of a round sent concurrently.
+    if args.seconds > 0 && !stopped && !overrun {
+        let counters = Arc::new(Counters::default());
+        let rounds = ((args.seconds as f64) * args.rate).ceil().max(1.0) as u64;
+        // Hard stop: the schedule plus one request timeout plus slack.
+        let deadline = Instant::now() + Duration::from_secs(args.seconds + args.timeout + 5);
+        let started = Instant::now();
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(period_ms / 1000.0));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut inflight: JoinSet<()> = JoinSet::new();
+        let (mut done, mut build_us) = (0u64, 0u64);
+        for round in 0..rounds {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.notified() => {
+                    stopped = true;
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                overrun = true;
+                break;
+            }
+            while inflight.try_join_next().is_some() {}
+            let t = Instant::now();
+            let bodies = node.round((args.backfill + round) as f64 / args.rate, now_ms())?;
+            build_us += t.elapsed().as_micros() as u64;
+            for (url, body) in bodies {
+                inflight.spawn(post(client.clone(), url, token.clone(), body, counters.clone()));
+            }
+            done += 1;
+        }
+        // Drain what is in flight, bounded by the deadline.
+        let drain = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), async {
+            while inflight.join_next().await.is_some() {}
+        })
+        .await;
+        if drain.is_err() {
+            let n = inflight.len() as u64;
+            inflight.abort_all();
+            counters.error("deadline".into(), format!("{n} requests still in flight at the deadline"));
+        }
+        failed += report("live", &counters, done, rounds, started.elapsed().as_secs_f64(), build_us);
+        if counters.ok.load(Ordering::Relaxed) == 0 {
+            failed += 1;
+        }
     }
     if overrun {
-        println!("push_load: stopped early at the deadline");
+        println!("push_load: stopped early at a deadline (the agent did not keep up)");
     }
     if stopped {
         println!("push_load: stopped early by a signal");
     }
-    if failed > 0 || overrun || ok == 0 {
+    if failed > 0 || overrun {
         std::process::exit(1);
     }
     Ok(())
