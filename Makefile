@@ -83,8 +83,9 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: criterion benchmarks of every crate
-bench: setup-rust
+bench: setup-rust setup-apt
 	$(CARGO) bench --workspace
+	bash scripts/bench-agent.sh
 
 ## fixtures: regenerate the reference vectors from sacreBLEU, numpy, pandas and scipy
 fixtures: setup-python
