@@ -282,6 +282,7 @@ rows = [
     ("agent CPU, idle before pushes (% of one core)", f"{$CPU_IDLE_PCT:.2f}", "", ""),
     ("agent RSS peak (MB)", f"{peak_mb:.1f}", "< $RSS_TARGET_MB", targets["rss_mb"]["verdict"]),
     ("agent RSS end of push / VmHWM (MB)", f"{rss_mb:.1f} / {hwm_mb:.1f}", "", ""),
+    ("agent RSS after wrk / VmHWM (MB, no target)", f"{$RSS_AFTER_WRK_KB / 1024:.1f} / {$HWM_END_KB / 1024:.1f}", "", ""),
     ("GET /scores/latest p99 (ms)", f"{latest['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_latest_p99_ms"]["verdict"]),
     ("  p50 / req/s / non-2xx", f"{latest['p50_ms']:.2f} / {float(latest['rps']):.0f} / {latest['non_2xx']}", "", ""),
     ("GET /scores?signal=kvf_ratio... p99 (ms)", f"{series['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_series_p99_ms"]["verdict"]),
