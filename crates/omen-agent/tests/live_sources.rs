@@ -44,6 +44,13 @@ fn start_llama_server() -> (Server, u16) {
     (Server(child), port)
 }
 
+/// The value of the exposition line that starts with `series`.
+fn metric_value(text: &str, series: &str) -> f64 {
+    let line =
+        text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad value in {line:?}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_and_scrape_sources_feed_the_pipeline() {
     let (_server, port) = start_llama_server();
@@ -84,26 +91,10 @@ async fn canary_and_scrape_sources_feed_the_pipeline() {
     assert!(metrics.contains("omen_source_up{source=\"server_metrics\"} 1"), "{metrics}");
     assert!(!metrics.contains("source=\"nvml\""), "no GPU here: NVML is off, not down\n{metrics}");
     assert!(metrics.contains("omen_ttft_seconds_bucket{"), "{metrics}");
-    let tle: f64 = metrics
-        .lines()
-        .find(|l| l.starts_with("omen_tle_bits{canary=\"capital\"}"))
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let tle = metric_value(&metrics, "omen_tle_bits{canary=\"capital\"}");
     assert!(tle > 0.0 && tle < 49152f64.log2(), "{tle}");
     // greedy decoding of the same prompt reproduces the captured reference: lexical RCI ~ 0
-    let rci: f64 = metrics
-        .lines()
-        .find(|l| l.starts_with("omen_rci{canary=\"capital\"}"))
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let rci = metric_value(&metrics, "omen_rci{canary=\"capital\"}");
     assert!(rci < 0.05, "{rci}");
     let reference = agent.state.store.canary_reference("capital").unwrap();
     assert!(reference.is_some_and(|r| !r.is_empty()));
