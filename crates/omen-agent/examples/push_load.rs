@@ -354,7 +354,23 @@ async fn post(
                 c.error(format!("{endpoint}: HTTP {}", status.as_u16()), text.chars().take(300).collect());
             }
         }
-        Err(e) => c.error(format!("{endpoint}: transport"), e.to_string()),
+        Err(e) => {
+            let kind = if e.is_timeout() {
+                "timeout"
+            } else if e.is_connect() {
+                "connect"
+            } else {
+                "transport"
+            };
+            // The whole cause chain: reqwest's own message omits the underlying I/O error.
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            c.error(format!("{endpoint}: {kind}"), text);
+        }
     }
 }
 
