@@ -255,6 +255,19 @@ fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// Runs a blocking store read off the async threads: a failed task is a 500, a store error a 503.
+async fn on_store<T: Send + 'static>(
+    store: &Arc<Store>,
+    read: impl FnOnce(&Store) -> anyhow::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let store = store.clone();
+    let error = |status, message: String| ApiError { status, field: None, message };
+    tokio::task::spawn_blocking(move || read(&store))
+        .await
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
+}
+
 /// Most points one /scores series may return.
 const MAX_POINTS: i64 = 11_000;
 
@@ -267,17 +280,7 @@ async fn scores(
     })?;
     ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
     let store = st.store.clone();
-    let latest = tokio::task::spawn_blocking({
-        let store = store.clone();
-        move || store.latest_ts()
-    })
-    .await
-    .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: e.to_string() })?
-    .map_err(|e| ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        field: None,
-        message: e.to_string(),
-    })?;
+    let latest = on_store(&store, |s| s.latest_ts()).await?;
     // Default "now" is the newest stored sample, so that replayed traces are queryable too.
     let now = latest.map_or_else(now_ms, |t| t + 1).max(0);
     let until = match q.remove("until") {
@@ -323,18 +326,7 @@ async fn scores(
     let matchers: BTreeMap<String, String> = q.into_iter().collect();
     let sig = signal.clone();
     let series =
-        tokio::task::spawn_blocking(move || store.range(&sig, &matchers, since, until, step_ms, resolution))
-            .await
-            .map_err(|e| ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                field: None,
-                message: e.to_string(),
-            })?
-            .map_err(|e| ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                field: None,
-                message: e.to_string(),
-            })?;
+        on_store(&store, move |s| s.range(&sig, &matchers, since, until, step_ms, resolution)).await?;
     Ok(Json(json!({
         "signal": signal,
         "since": rfc3339(since),
