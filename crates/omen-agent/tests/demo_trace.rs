@@ -6,6 +6,19 @@ use std::time::Duration;
 use omen_agent::config::Config;
 use serde_json::Value;
 
+/// Highest stored health score in [since, until) at `step`, with the /scores reply.
+async fn peak_health(c: &reqwest::Client, base: &str, since: &str, until: &str, step: &str) -> (f64, Value) {
+    let url = format!("{base}/scores?signal=health_score&since={since}&until={until}&step={step}");
+    let r: Value = c.get(url).send().await.unwrap().json().await.unwrap();
+    let peak = r["series"][0]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    (peak, r)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     let dir = tempfile::tempdir().unwrap();
@@ -40,37 +53,9 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     assert_eq!(ttft["early_warning"], false, "{ttft}");
 
     // the model change on day 11.5 shows in the stored health history as critical
-    let r: Value = c
-        .get(format!("{base}/scores?signal=health_score&since=2026-11-12T11:00:00Z&until=2026-11-12T14:00:00Z&step=10m"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let peak = r["series"][0]["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p[1].as_f64().unwrap())
-        .fold(0.0, f64::max);
+    let (peak, r) = peak_health(&c, &base, "2026-11-12T11:00:00Z", "2026-11-12T14:00:00Z", "10m").await;
     assert!(peak >= 0.8, "{r}");
-    let before: Value = c
-        .get(format!(
-            "{base}/scores?signal=health_score&since=2026-11-02T00:00:00Z&until=2026-11-07T00:00:00Z&step=1h"
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let calm = before["series"][0]["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p[1].as_f64().unwrap())
-        .fold(0.0, f64::max);
+    let (calm, before) = peak_health(&c, &base, "2026-11-02T00:00:00Z", "2026-11-07T00:00:00Z", "1h").await;
     assert!(calm < 0.6, "no alert before the drift is forecastable: {before}");
 
     let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
