@@ -74,12 +74,12 @@ test-ops: setup-apt setup-python
 	bash scripts/test-deploy.sh
 
 ## e2e: agent on a recorded trace -> real Prometheus with the rules -> real Alertmanager -> webhook receivers
-e2e: setup-rust setup-apt
+e2e: setup-rust setup-apt setup-torch
 	$(CARGO) build -p omen-agent --bin omen
 	OMEN_BIN=target/debug/omen bash scripts/test-e2e.sh
 
 ## lint: formatting and clippy, warnings are errors
-lint: setup-rust
+lint: setup-rust setup-torch
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
@@ -87,7 +87,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: criterion benchmarks of every crate
-bench: setup-rust setup-apt
+bench: setup-rust setup-apt setup-torch
 	$(CARGO) bench --workspace
 	bash scripts/bench-agent.sh
 
