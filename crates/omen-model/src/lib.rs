@@ -2,6 +2,7 @@
 //! peaks-over-threshold (EVT) threshold that maps reconstruction errors to a
 //! [0, 1] severity. The LSTM autoencoder on tch builds on these.
 
+pub mod nab;
 pub mod normalize;
 pub mod pot;
 pub mod windows;

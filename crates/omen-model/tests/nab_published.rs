@@ -1,0 +1,132 @@
+//! Re-scores NAB's published numenta and null results with the Rust port and
+//! matches the published per-file Score (1e-6) and TP/TN/FP/FN (exact).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use omen_model::nab::{self, NabCorpus, PROFILES};
+
+fn nab_dir() -> PathBuf {
+    let dir = std::env::var_os("OMEN_NAB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/nab"));
+    assert!(
+        dir.join("labels/combined_windows.json").is_file(),
+        "NAB data not found at {}: put a NAB checkout (data/, labels/, config/, results/) there \
+         or set OMEN_NAB_DIR to one",
+        dir.display()
+    );
+    dir
+}
+
+fn thresholds(dir: &std::path::Path) -> serde_json::Value {
+    let p = dir.join("config/thresholds.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+/// Published rows: file -> (score, tp, tn, fp, fn, total).
+fn published(
+    dir: &std::path::Path,
+    det: &str,
+    prof: &str,
+) -> BTreeMap<String, (f64, usize, usize, usize, usize, usize)> {
+    let p = dir.join(format!("results/{det}/{det}_{prof}_scores.csv"));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let mut out = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f[0] == "Totals" || f.len() < 10 {
+            continue;
+        }
+        let n = |i: usize| f[i].parse::<usize>().unwrap();
+        out.insert(f[2].to_string(), (f[4].parse().unwrap(), n(5), n(6), n(7), n(8), n(9)));
+    }
+    out
+}
+
+/// Result files present on disk: (relative data path, timestamps, anomaly scores).
+fn result_files(dir: &std::path::Path, det: &str) -> Vec<(String, Vec<String>, Vec<f64>)> {
+    let mut out = Vec::new();
+    for sub in ["realAWSCloudwatch", "realKnownCause"] {
+        let d = dir.join("results").join(det).join(sub);
+        let mut names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        for name in names {
+            let name = name.to_string_lossy().to_string();
+            let rel = format!("{sub}/{}", name.strip_prefix(&format!("{det}_")).unwrap());
+            let (ts, sc) = nab::read_csv_column(&d.join(&name), "anomaly_score").unwrap();
+            out.push((rel, ts, sc));
+        }
+    }
+    out
+}
+
+#[test]
+fn published_results_match_file_by_file() {
+    let dir = nab_dir();
+    let corpus = NabCorpus::load(&dir).unwrap();
+    let thr = thresholds(&dir);
+    let (mut checked, mut bad, mut unpublished) = (0usize, Vec::new(), Vec::<String>::new());
+    // The published random table predates NAB's 750-row probation cap and window revision
+    // (its TN counts imply a 15% probation without the cap), so only numenta and null,
+    // whose tables were regenerated with the current scorer, are compared exactly.
+    for det in ["numenta", "null"] {
+        let files = result_files(&dir, det);
+        assert!(files.len() >= 20, "{det}: only {} result files", files.len());
+        for prof in PROFILES {
+            let cost = corpus.cost(prof).unwrap();
+            let t = thr[det][prof]["threshold"].as_f64().unwrap();
+            let publ = published(&dir, det, prof);
+            for (rel, ts, sc) in &files {
+                let got = nab::score_file(&corpus, rel, ts, sc, &cost, t).unwrap();
+                let Some(want) = publ.get(rel) else {
+                    unpublished.push(format!("{det}/{prof}/{rel}"));
+                    continue;
+                };
+                let r = got.row;
+                checked += 1;
+                if (r.score - want.0).abs() >= 1e-6
+                    || (r.tp, r.tn, r.fp, r.fn_, got.total) != (want.1, want.2, want.3, want.4, want.5)
+                {
+                    bad.push(format!(
+                        "{det}/{prof}/{rel}: got {r:?} total {}, published {want:?}",
+                        got.total
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("checked {checked} file scores; not in the published tables: {unpublished:?}");
+    assert!(checked >= 2 * 3 * 24, "only {checked} file scores could be checked");
+    assert!(bad.is_empty(), "{} of {checked} file scores differ:\n{}", bad.len(), bad.join("\n"));
+}
+
+#[test]
+fn corpus_sweep_agrees_with_per_file_scoring_and_optimises() {
+    let dir = nab_dir();
+    let corpus = NabCorpus::load(&dir).unwrap();
+    let thr = thresholds(&dir);
+    for det in ["numenta", "null"] {
+        let files = result_files(&dir, det);
+        for prof in PROFILES {
+            let cost = corpus.cost(prof).unwrap();
+            let t = thr[det][prof]["threshold"].as_f64().unwrap();
+            let publ = published(&dir, det, prof);
+            let files: Vec<_> = files.iter().filter(|f| publ.contains_key(&f.0)).cloned().collect();
+            let rows = nab::sweep_corpus(&corpus, &files, &cost).unwrap();
+            let at = nab::at_threshold(&rows, t).unwrap();
+            let sum: f64 = files.iter().map(|(rel, _, _)| publ[rel].0).sum();
+            assert!((at.score - sum).abs() < 1e-5, "{det}/{prof}: sweep {} vs published sum {sum}", at.score);
+            let best = nab::best_threshold(&rows).unwrap();
+            assert!(best.score >= at.score, "{det}/{prof}: optimum below the published threshold's score");
+            // Re-scoring file by file at the optimum gives the optimum's total.
+            let refit: f64 = files
+                .iter()
+                .map(|(rel, ts, sc)| {
+                    nab::score_file(&corpus, rel, ts, sc, &cost, best.threshold).unwrap().row.score
+                })
+                .sum();
+            assert!((refit - best.score).abs() < 1e-9, "{det}/{prof}: {refit} vs {}", best.score);
+        }
+    }
+}
