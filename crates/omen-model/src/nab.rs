@@ -357,3 +357,55 @@ pub fn sweep_corpus(
     }
     Ok(score_by_threshold(&all, cost))
 }
+
+/// The optimised (best-threshold) raw score of several files and its normalised score,
+/// with the null baseline (nothing detected) and perfect score (every window) of the same files.
+pub fn optimised_normalised(
+    corpus: &NabCorpus,
+    files: &[(String, Vec<String>, Vec<f64>)],
+    cost: &CostMatrix,
+) -> Result<(ThresholdScore, f64), NabError> {
+    let rows = sweep_corpus(corpus, files, cost)?;
+    let best = best_threshold(&rows)
+        .ok_or_else(|| NabError::Format { path: "<corpus>".into(), problem: "no scorable rows".into() })?;
+    let windows: usize =
+        files.iter().map(|f| corpus.windows_of(&f.0).map(|w| w.len())).sum::<Result<_, _>>()?;
+    let null = -(windows as f64) * cost.fn_;
+    Ok((best, normalise(best.score, null, windows, cost)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STD: CostMatrix = CostMatrix { tp: 1.0, fp: 0.11, fn_: 1.0, tn: 1.0 };
+
+    #[test]
+    fn sigmoid_and_probation_match_nab() {
+        assert!((scaled_sigmoid(-1.0) - 0.986_614_298_151_43).abs() < 1e-12);
+        assert_eq!(scaled_sigmoid(0.0), 0.0);
+        assert_eq!(scaled_sigmoid(3.5), -1.0);
+        assert_eq!(probation_length(4032), 604);
+        assert_eq!(probation_length(22695), 750);
+    }
+
+    #[test]
+    fn early_detection_scores_full_tp_and_normalises_to_100() {
+        let ts: Vec<String> = (0..100).map(|i| format!("t{i:03}")).collect();
+        let windows = vec![("t050".to_string(), "t059".to_string())];
+        let corpus = NabCorpus {
+            windows: [("f.csv".to_string(), windows)].into_iter().collect(),
+            profiles: [("standard".to_string(), STD)].into_iter().collect(),
+        };
+        let mut sc = vec![0.0; 100];
+        sc[50] = 1.0;
+        let files = vec![("f.csv".to_string(), ts.clone(), sc.clone())];
+        let (best, norm) = optimised_normalised(&corpus, &files, &STD).unwrap();
+        assert!((best.score - 1.0).abs() < 1e-12 && (norm - 100.0).abs() < 1e-9);
+        assert_eq!((best.tp, best.fp, best.fn_), (1, 0, 9));
+        // A detection right after the window costs a weighted FP.
+        sc[60] = 1.0;
+        let r = score_file(&corpus, "f.csv", &ts, &sc, &STD, 1.0).unwrap().row;
+        assert!((r.score - (1.0 + 0.11 * scaled_sigmoid(1.0 / 9.0))).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,50 @@
+//! Scores omen's sliding-window anomaly score on the NAB files at hand and prints its
+//! normalised NAB score next to numenta's, both optimised with the same threshold sweep.
+//!
+//! Usage: `cargo run -p omen-model --example nab_window [-- WINDOW]` (OMEN_NAB_DIR overrides
+//! the data directory, default ../shared/data/nab beside the repository).
+
+use std::path::PathBuf;
+
+use omen_model::nab::{self, NabCorpus, PROFILES};
+use omen_signals::window::WindowAnomaly;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let window: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(64);
+    let dir = std::env::var_os("OMEN_NAB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/nab"));
+    let corpus = NabCorpus::load(&dir)?;
+    let (mut omen, mut numenta) = (Vec::new(), Vec::new());
+    for sub in ["realAWSCloudwatch", "realKnownCause"] {
+        let mut names: Vec<_> = std::fs::read_dir(dir.join("data").join(sub))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        for name in names {
+            let name = name.to_string_lossy().to_string();
+            let rel = format!("{sub}/{name}");
+            let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
+            let mut det = WindowAnomaly::new(window)?;
+            // Monotone squash of the unbounded score to [0, 1); 0 until the window is full.
+            let scores = values
+                .iter()
+                .map(|&v| det.push(v).map(|s| s.map_or(0.0, |s| s.score / (1.0 + s.score))))
+                .collect::<Result<Vec<_>, _>>()?;
+            omen.push((rel.clone(), ts, scores));
+            let res = dir.join("results/numenta").join(sub).join(format!("numenta_{name}"));
+            let (nts, nsc) = nab::read_csv_column(&res, "anomaly_score")?;
+            numenta.push((rel, nts, nsc));
+        }
+    }
+    println!("NAB on {} files (realAWSCloudwatch + realKnownCause), window {window}", omen.len());
+    println!("| profile | omen window score (threshold) | numenta (threshold) |");
+    println!("|---|---|---|");
+    for prof in PROFILES {
+        let cost = corpus.cost(prof)?;
+        let (ob, on) = nab::optimised_normalised(&corpus, &omen, &cost)?;
+        let (nb, nn) = nab::optimised_normalised(&corpus, &numenta, &cost)?;
+        println!("| {prof} | {on:.2} ({:.4}) | {nn:.2} ({:.4}) |", ob.threshold, nb.threshold);
+    }
+    Ok(())
+}
