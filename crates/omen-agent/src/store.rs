@@ -397,6 +397,29 @@ impl Store {
     }
 }
 
+/// A minute bucket of one series folded over a batch; `last` is the value of its last sample in batch order.
+struct MinuteFold {
+    count: i64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    last: f64,
+}
+
+impl MinuteFold {
+    fn new(value: f64) -> Self {
+        Self { count: 1, sum: value, min: value, max: value, last: value }
+    }
+
+    fn add(&mut self, value: f64) {
+        self.count += 1;
+        self.sum += value;
+        self.min = self.min.min(value);
+        self.max = self.max.max(value);
+        self.last = value;
+    }
+}
+
 fn insert_batch(
     conn: &mut Connection,
     series_ids: &mut HashMap<SeriesKey, i64>,
@@ -410,26 +433,45 @@ fn insert_batch(
         let mut insert =
             tx.prepare_cached("INSERT INTO samples (series_id, ts_ms, value) VALUES (?1, ?2, ?3)")?;
         let mut minute = tx.prepare_cached(
-            "INSERT INTO minute_agg (series_id, minute_ms, count, sum, min, max, last) VALUES (?1, ?2, 1, ?3, ?3, ?3, ?3)
-             ON CONFLICT (series_id, minute_ms) DO UPDATE SET count = count + 1, sum = sum + excluded.sum,
+            "INSERT INTO minute_agg (series_id, minute_ms, count, sum, min, max, last) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (series_id, minute_ms) DO UPDATE SET count = count + excluded.count, sum = sum + excluded.sum,
              min = min(min, excluded.min), max = max(max, excluded.max), last = excluded.last",
         )?;
+        let mut minutes: HashMap<(i64, i64), MinuteFold> = HashMap::new();
+        // Consecutive samples of one series (the usual push order) reuse its id without a key copy.
+        let mut last_id: Option<(usize, i64)> = None;
         for (i, s) in samples.iter().enumerate() {
-            let key = s.series_key();
-            let id = match series_ids.get(&key) {
-                Some(&id) => id,
-                None => {
-                    new_series.execute(params![key.signal, labels_json(&key.labels)])?;
-                    let id = tx.last_insert_rowid();
-                    created.push(key.clone());
-                    series_ids.insert(key, id);
-                    id
-                }
+            let same_as_last = last_id.filter(|&(j, _)| {
+                let p = &samples[j];
+                p.signal == s.signal && p.labels == s.labels
+            });
+            let id = match same_as_last {
+                Some((_, id)) => id,
+                None => match series_ids.get(&s.series_key()) {
+                    Some(&id) => id,
+                    None => {
+                        let key = s.series_key();
+                        new_series.execute(params![key.signal, labels_json(&key.labels)])?;
+                        let id = tx.last_insert_rowid();
+                        created.push(key.clone());
+                        series_ids.insert(key, id);
+                        id
+                    }
+                },
             };
+            last_id = Some((i, id));
             if keep_raw.get(i).copied().unwrap_or(true) {
                 insert.execute(params![id, s.ts_ms, s.value])?;
             }
-            minute.execute(params![id, s.ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS, s.value])?;
+            let bucket = s.ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
+            minutes
+                .entry((id, bucket))
+                .and_modify(|a: &mut MinuteFold| a.add(s.value))
+                .or_insert_with(|| MinuteFold::new(s.value));
+        }
+        // One upsert per (series, minute) of the batch, in the same transaction as its raw rows.
+        for ((id, bucket), a) in &minutes {
+            minute.execute(params![id, bucket, a.count, a.sum, a.min, a.max, a.last])?;
         }
     }
     tx.commit()?;
@@ -517,6 +559,38 @@ mod tests {
         assert_eq!(store.count("kv").unwrap(), 6);
         let m = store.range("kv", &BTreeMap::new(), t0, t0 + 60_000, 60_000, Resolution::Minute).unwrap();
         assert_eq!(m[0].points, vec![(t0, 29.5)]);
+    }
+
+    #[test]
+    fn minute_folds_across_batches_match_per_sample_totals() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        // Two batches, each with two series interleaved, spanning two minutes.
+        for half in 0..2i64 {
+            let batch: Vec<Sample> = (0..60)
+                .flat_map(|i| {
+                    let ts = t0 + (half * 60 + i) * 1000;
+                    [sample(ts, "kv", "0", i as f64), sample(ts, "kv", "1", 100.0 + i as f64)]
+                })
+                .collect();
+            store.insert(&batch).unwrap();
+        }
+        let conn = store.reader();
+        let rows: Vec<(i64, i64, f64, f64, f64, f64)> = conn
+            .prepare(
+                "SELECT minute_ms, count, sum, min, max, last FROM minute_agg ORDER BY series_id, minute_ms",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let sum: f64 = (0..60).map(|i| i as f64).sum();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[0], (t0, 60, sum, 0.0, 59.0, 59.0));
+        assert_eq!(rows[1], (t0 + 60_000, 60, sum, 0.0, 59.0, 59.0));
+        assert_eq!(rows[2], (t0, 60, sum + 6000.0, 100.0, 159.0, 159.0));
     }
 
     #[test]

@@ -112,12 +112,18 @@ pub fn fragmentation_from_bitmap(words: &[u64], blocks: usize) -> Result<Fragmen
         } else if word & mask == mask {
             close_run(&mut run);
         } else {
-            for bit in 0..valid {
-                if word >> bit & 1 == 1 {
-                    close_run(&mut run);
-                } else {
-                    run += 1;
+            // Word at a time: skip the free bits (trailing zeros), then the used ones (trailing ones).
+            let valid_bits = valid as u32;
+            let mut pos = 0u32;
+            while pos < valid_bits {
+                let free = (word >> pos).trailing_zeros().min(valid_bits - pos);
+                run += u64::from(free);
+                pos += free;
+                if pos >= valid_bits {
+                    break;
                 }
+                close_run(&mut run);
+                pos += (word >> pos).trailing_ones().min(valid_bits - pos);
             }
         }
         block += valid;
@@ -250,7 +256,20 @@ mod tests {
         assert!(fragmentation_from_bitmap(&[0], 65).is_err());
     }
 
+    /// The simple per-bit scan the word-at-a-time one must agree with.
+    fn per_bit(words: &[u64], blocks: usize) -> Fragmentation {
+        let occ: Vec<bool> = (0..blocks).map(|i| words[i / 64] >> (i % 64) & 1 == 1).collect();
+        fragmentation_from_occupancy(&occ)
+    }
+
     proptest! {
+        #[test]
+        fn word_scan_equals_per_bit(words in prop::collection::vec(any::<u64>(), 0..12), cut in 0usize..64, sparse in any::<bool>()) {
+            let words: Vec<u64> = if sparse { words.iter().map(|w| w & w.rotate_left(7) & w.rotate_left(19)).collect() } else { words };
+            let blocks = (words.len() * 64).saturating_sub(cut);
+            prop_assert_eq!(fragmentation_from_bitmap(&words, blocks).unwrap(), per_bit(&words, blocks));
+        }
+
         #[test]
         fn kvf_at_least_one(extents in prop::collection::vec(0u64..10_000, 0..50)) {
             let f = fragmentation_from_extents(extents.iter().copied());
