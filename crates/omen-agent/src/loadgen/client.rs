@@ -70,7 +70,14 @@ pub enum RequestError {
         /// Start of the body.
         body: String,
     },
-    /// The stream was not OpenAI-style SSE, or reported an error, or had no tokens.
+    /// The stream finished without any content (e.g. the model stopped at once); vLLM's
+    /// benchmark counts these as failed too, since they have no TTFT.
+    #[error("stream from {url} finished without any content; the model may have stopped at once (set ignore_eos: true for fixed-length answers) or the prompt may not fit the context")]
+    Empty {
+        /// The URL.
+        url: String,
+    },
+    /// The stream was not OpenAI-style SSE, or reported an error.
     #[error("stream from {url}: {reason}")]
     Stream {
         /// The URL.
@@ -88,6 +95,7 @@ impl RequestError {
             RequestError::Timeout { .. } => "timeout".into(),
             RequestError::Status { status, .. } => format!("http_{status}"),
             RequestError::Stream { .. } => "stream".into(),
+            RequestError::Empty { .. } => "empty_answer".into(),
         }
     }
 }
@@ -113,6 +121,8 @@ pub struct RequestSpec<'a> {
     pub temperature: f64,
     /// Whole-request timeout.
     pub timeout: Duration,
+    /// Send `ignore_eos: true`.
+    pub ignore_eos: bool,
 }
 
 /// The completions-API prompt for a history and a new message.
@@ -133,6 +143,9 @@ fn body(spec: &RequestSpec<'_>) -> (String, serde_json::Value) {
         "stream": true,
         "stream_options": { "include_usage": true },
     });
+    if spec.ignore_eos {
+        body["ignore_eos"] = serde_json::json!(true);
+    }
     let root = spec.base_url.trim_end_matches('/');
     match spec.api {
         Api::Chat => {
@@ -278,10 +291,7 @@ pub async fn send(client: &reqwest::Client, spec: &RequestSpec<'_>) -> Result<Me
     }
     let finished = Instant::now();
     let Some(first) = first else {
-        return Err(stream_err(
-            "the stream ended without any content; check max_tokens and that the prompt fits the context"
-                .into(),
-        ));
+        return Err(RequestError::Empty { url });
     };
     Ok(Measured {
         ttft_s: first.duration_since(started).as_secs_f64(),
@@ -337,12 +347,14 @@ mod tests {
             max_tokens: 4,
             temperature: 0.0,
             timeout: Duration::from_secs(1),
+            ignore_eos: true,
         };
         let (url, b) = body(&spec);
         assert_eq!(url, "http://127.0.0.1:1/v1/chat/completions");
         let roles: Vec<&str> =
             b["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, ["user", "assistant", "user"]);
+        assert_eq!(b["ignore_eos"], true);
         spec.api = Api::Completions;
         let (url, b) = body(&spec);
         assert!(url.ends_with("/v1/completions"));

@@ -302,7 +302,9 @@ pub async fn bench(mut wf: Workflow, opts: &BenchOptions) -> Result<BenchRun, Be
     let mut tasks = tokio::task::JoinSet::new();
     let mut sessions = 0u64;
     while !shared.exhausted() {
-        let at = start + Duration::from_secs_f64(arrivals.next_arrival(shared.throttle()));
+        // The first session starts at once (as vLLM's benchmark sends its first request), the rest on the process.
+        let offset = if sessions == 0 { 0.0 } else { arrivals.next_arrival(shared.throttle()) };
+        let at = start + Duration::from_secs_f64(offset);
         if shared.deadline.is_some_and(|d| at >= d) {
             break;
         }
@@ -389,6 +391,7 @@ async fn session(shared: Arc<Shared>, id: u64) {
             max_tokens,
             temperature: wf.temperature,
             timeout: s.timeout,
+            ignore_eos: wf.ignore_eos,
         };
         let Ok(permit) = shared.slots.acquire().await else { break };
         let start_s = shared.start.elapsed().as_secs_f64();

@@ -169,6 +169,10 @@ pub struct Workflow {
     /// Sampling temperature (default 0: greedy).
     #[serde(default)]
     pub temperature: f64,
+    /// Ask the server to ignore end-of-sequence so every answer has max_tokens tokens
+    /// (vLLM and llama.cpp honour `ignore_eos`; default false).
+    #[serde(default)]
+    pub ignore_eos: bool,
     /// Most requests in flight at once (default 8).
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
