@@ -261,7 +261,14 @@ pub async fn bench(mut wf: Workflow, opts: &BenchOptions) -> Result<BenchRun, Be
     }
     wf.validate(&format!("{} (with command-line overrides)", wf.name))?;
     let base_url = check_endpoint(&opts.endpoint)?;
-    let client = reqwest::Client::new();
+    // A fresh connection per request: servers such as llama.cpp's close idle keep-alive
+    // connections, and a request racing that close fails with "connection closed before
+    // message completed", an artefact of the client rather than the server's fault.
+    let client =
+        reqwest::Client::builder().pool_max_idle_per_host(0).build().map_err(|e| BenchError::Endpoint {
+            endpoint: opts.endpoint.clone(),
+            reason: format!("cannot build an HTTP client: {e}"),
+        })?;
     let model = match opts.model.clone().or_else(|| wf.model.clone()) {
         Some(m) => m,
         None => client::first_model(&client, &base_url).await.map_err(BenchError::Model)?,
