@@ -370,6 +370,11 @@ mod tests {
         Loaded { duration_s: n as f64 * gap, records }
     }
 
+    /// Fewer resamples than the CLI's default keep the debug-build tests quick.
+    fn opts() -> CompareOptions {
+        CompareOptions { resamples: 500, ..CompareOptions::default() }
+    }
+
     fn verdict_of(rows: &[MetricDelta], metric: &str) -> Verdict {
         rows.iter().find(|r| r.metric == metric).unwrap_or_else(|| panic!("no {metric}")).verdict
     }
@@ -378,18 +383,18 @@ mod tests {
     fn slower_b_is_a_latency_regression_and_same_is_noise() {
         let a = run(200, 0.1, 50.0, 0, 1);
         let b = run(200, 0.1, 80.0, 0, 2);
-        let rows = compare(&a, &b, CompareOptions::default()).unwrap();
+        let rows = compare(&a, &b, opts()).unwrap();
         for m in ["mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "mean_e2el_ms"] {
             assert_eq!(verdict_of(&rows, m), Verdict::Regression, "{m}");
         }
         let ttft = rows.iter().find(|r| r.metric == "mean_ttft_ms").unwrap();
         assert!((ttft.delta - 0.6).abs() < 0.1 && ttft.delta_lower < ttft.delta, "{ttft:?}");
         // Same distribution, other draws: noise.
-        let rows = compare(&a, &run(200, 0.1, 50.0, 0, 3), CompareOptions::default()).unwrap();
+        let rows = compare(&a, &run(200, 0.1, 50.0, 0, 3), opts()).unwrap();
         assert_eq!(verdict_of(&rows, "mean_ttft_ms"), Verdict::Noise);
         assert_eq!(verdict_of(&rows, "request_throughput"), Verdict::Noise);
         // Reversed: faster B is an improvement.
-        let rows = compare(&b, &a, CompareOptions::default()).unwrap();
+        let rows = compare(&b, &a, opts()).unwrap();
         assert_eq!(verdict_of(&rows, "median_ttft_ms"), Verdict::Improvement);
     }
 
@@ -397,18 +402,18 @@ mod tests {
     fn throughput_and_errors_are_direction_aware() {
         let a = run(100, 0.2, 50.0, 0, 1);
         let fast = run(100, 0.1, 50.0, 0, 1);
-        let rows = compare(&a, &fast, CompareOptions::default()).unwrap();
+        let rows = compare(&a, &fast, opts()).unwrap();
         assert_eq!(verdict_of(&rows, "request_throughput"), Verdict::Improvement);
         assert_eq!(verdict_of(&rows, "output_throughput"), Verdict::Improvement);
         let r = rows.iter().find(|r| r.metric == "request_throughput").unwrap();
         assert!((r.a - 5.0).abs() < 1e-9 && (r.b - 10.0).abs() < 1e-9, "{r:?}");
-        let rows = compare(&fast, &a, CompareOptions::default()).unwrap();
+        let rows = compare(&fast, &a, opts()).unwrap();
         assert_eq!(verdict_of(&rows, "output_throughput"), Verdict::Regression);
         let failing = run(100, 0.1, 50.0, 3, 1);
-        let rows = compare(&fast, &failing, CompareOptions::default()).unwrap();
+        let rows = compare(&fast, &failing, opts()).unwrap();
         assert_eq!(verdict_of(&rows, "error_rate"), Verdict::Regression);
         // A change below min_effect is noise even when significant.
-        let opts = CompareOptions { min_effect: 1.5, ..CompareOptions::default() };
+        let opts = CompareOptions { min_effect: 1.5, ..opts() };
         let rows = compare(&a, &fast, opts).unwrap();
         assert_eq!(verdict_of(&rows, "request_throughput"), Verdict::Noise);
         assert!(table(&rows, 0.95).contains("request_throughput"));
@@ -423,7 +428,7 @@ mod tests {
         assert!(e.contains("requests") && e.contains("omen bench"), "{e}");
         assert!(load(&dir.path().join("missing.json")).unwrap_err().to_string().contains("cannot read"));
         let a = run(10, 0.1, 50.0, 0, 1);
-        let opts = CompareOptions { resamples: 10, ..CompareOptions::default() };
+        let opts = CompareOptions { resamples: 10, ..opts() };
         assert!(compare(&a, &a, opts).unwrap_err().to_string().contains("--resamples"));
     }
 }

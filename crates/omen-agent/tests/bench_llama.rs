@@ -61,11 +61,13 @@ fn start_llama_server() -> (Server, u16) {
 const LONG: &str = "Please explain, in plain words and without any lists, why the sky looks blue during \
 the day and red or orange at sunset, and mention what role the thickness of the atmosphere plays.";
 
-fn workflow(api: &str, policy: &str, requests: u64) -> String {
+/// One session (the next would arrive after ~100 s) so that the turns, and so the context
+/// growth and back-off, do not depend on timing; `cap` lets turn 1 fit and turn 2 overflow.
+fn workflow(api: &str, policy: &str, requests: u64, cap: u32) -> String {
     format!(
         "name: test-{api}\napi: {api}\nmax_tokens: 8\nignore_eos: true\nconcurrency: 1\nseed: 1\n\
-         arrival: {{ rate: 0.1, rate_shape: 4, change_every: 2s }}\n\
-         max_context_tokens: 200\ncontext_policy: {policy}\nmax_requests: {requests}\nduration: 120s\n\
+         arrival: {{ rate: 0.01, rate_shape: 4, change_every: 2s }}\n\
+         max_context_tokens: {cap}\ncontext_policy: {policy}\nmax_requests: {requests}\nduration: 120s\n\
          rtt_backoff: {{ ratio: 50, baseline_requests: 3 }}\nstart: ask\nstates:\n\
          \x20 ask:\n    prompts: [\"{LONG}\"]\n    timeout: 60s\n    retries: 1\n    qps: 5\n\
          \x20   transitions: [{{ to: follow, probability: 1.0 }}]\n\
@@ -136,7 +138,7 @@ fn bench_and_compare_against_a_real_llama_server() {
     let dir = tempfile::tempdir().unwrap();
     let path = |name: &str| -> PathBuf { dir.path().join(name) };
 
-    std::fs::write(path("chat.yaml"), workflow("chat", "reset", 10)).unwrap();
+    std::fs::write(path("chat.yaml"), workflow("chat", "reset", 10, 170)).unwrap();
     let (_, stderr) = omen(&[
         "bench",
         "--workflow",
@@ -154,7 +156,7 @@ fn bench_and_compare_against_a_real_llama_server() {
     let reset = a["requests"].as_array().unwrap().iter().find(|q| q["context"] == "reset").unwrap();
     assert_eq!(reset["history_turns"], 0, "{reset}");
 
-    std::fs::write(path("completions.yaml"), workflow("completions", "truncate", 8)).unwrap();
+    std::fs::write(path("completions.yaml"), workflow("completions", "truncate", 8, 128)).unwrap();
     let (_, stderr) = omen(&[
         "bench",
         "--workflow",
