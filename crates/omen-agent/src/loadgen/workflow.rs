@@ -396,6 +396,14 @@ states:
     }
 
     #[test]
+    fn the_shipped_example_is_valid() {
+        let text = include_str!("../../../../deploy/workflows/chat.yaml");
+        let wf = Workflow::from_yaml(text, "deploy/workflows/chat.yaml").unwrap();
+        assert_eq!(wf.start, "greet");
+        assert!(wf.rtt_backoff.is_some() && wf.max_context_tokens.is_some());
+    }
+
+    #[test]
     fn schema_errors_name_the_field() {
         let e = err(&OK.replace("retries: 2", "retries: two"));
         assert!(e.contains("states.greet.retries") && e.contains("w.yaml"), "{e}");
