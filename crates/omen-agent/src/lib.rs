@@ -1,9 +1,11 @@
 //! The omen agent: config, pipeline, store, HTTP API and exporters. The binary
 //! `omen` (main.rs) is a thin CLI over this library, which the tests drive directly.
 
+pub mod compare;
 pub mod config;
 pub mod engine;
 pub mod http;
+pub mod loadgen;
 pub mod metrics;
 pub mod otlp;
 pub mod replay;

@@ -1,6 +1,7 @@
 //! `omen`: the sidecar agent. `omen run --config omen.yaml` is the daemon;
 //! `omen check-config` validates a config; `omen replay TRACE` runs the same
-//! pipeline offline and writes a report.
+//! pipeline offline and writes a report; `omen bench` load-tests an endpoint and
+//! `omen compare` compares two bench reports.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +42,55 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Load-test an OpenAI-compatible endpoint with a dialogue workflow and write a JSON report.
+    Bench {
+        /// Workflow file (YAML), e.g. deploy/workflows/chat.yaml.
+        #[arg(long, short)]
+        workflow: PathBuf,
+        /// API root including /v1, e.g. http://127.0.0.1:18080/v1.
+        #[arg(long, short)]
+        endpoint: String,
+        /// Report file (JSON).
+        #[arg(long, short, default_value = "bench.json")]
+        out: PathBuf,
+        /// Model name (overrides the workflow's; default: the first the endpoint lists).
+        #[arg(long)]
+        model: Option<String>,
+        /// Bearer token; default from $OMEN_BENCH_API_KEY.
+        #[arg(long, env = "OMEN_BENCH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Stop after this many requests (overrides the workflow's max_requests).
+        #[arg(long)]
+        max_requests: Option<u64>,
+        /// Stop starting requests after this long, e.g. 60s (overrides the workflow's duration).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// No progress bar (it is only drawn when stderr is a terminal anyway).
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Compare two bench reports: Delta-Metric, bootstrap interval and verdict per metric.
+    Compare {
+        /// Baseline report.
+        a: PathBuf,
+        /// Candidate report.
+        b: PathBuf,
+        /// Also write the comparison as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Confidence level of the intervals.
+        #[arg(long, default_value_t = 0.95)]
+        confidence: f64,
+        /// Bootstrap resamples.
+        #[arg(long, default_value_t = 2000)]
+        resamples: usize,
+        /// Bootstrap seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Smallest relative change that counts (e.g. 0.05 for 5%); smaller ones are noise.
+        #[arg(long, default_value_t = 0.0)]
+        min_effect: f64,
+    },
 }
 
 fn load_config(path: &std::path::Path) -> Result<Config> {
@@ -48,6 +98,51 @@ fn load_config(path: &std::path::Path) -> Result<Config> {
         let list: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
         anyhow::anyhow!("{} has {} problem(s):\n{}", path.display(), problems.len(), list.join("\n"))
     })
+}
+
+fn bench(
+    workflow: &std::path::Path,
+    opts: &omen_agent::loadgen::BenchOptions,
+    out: &std::path::Path,
+) -> Result<()> {
+    use omen_agent::loadgen;
+    let wf = loadgen::workflow::Workflow::load(workflow)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let run = rt.block_on(loadgen::bench(wf, opts))?;
+    let report = loadgen::report::report(&run);
+    let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
+    std::fs::write(out, text + "\n")
+        .with_context(|| format!("cannot write the report to {}", out.display()))?;
+    eprintln!("{}\nreport: {}", loadgen::report::summary(&report), out.display());
+    Ok(())
+}
+
+fn compare(
+    a: &std::path::Path,
+    b: &std::path::Path,
+    json: Option<&std::path::Path>,
+    opts: omen_agent::compare::CompareOptions,
+) -> Result<()> {
+    use omen_agent::compare;
+    let (la, lb) = (compare::load(a)?, compare::load(b)?);
+    let metrics = compare::compare(&la, &lb, opts)?;
+    print!("{}", compare::table(&metrics, opts.confidence));
+    if let Some(path) = json {
+        let c = compare::Comparison {
+            a: a.display().to_string(),
+            b: b.display().to_string(),
+            confidence: opts.confidence,
+            resamples: opts.resamples,
+            min_effect: opts.min_effect,
+            metrics,
+        };
+        let text = serde_json::to_string_pretty(&c).context("cannot serialise the comparison")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -79,6 +174,21 @@ fn main() -> ExitCode {
                 None => Ok(Config::default()),
             };
             cfg.and_then(|cfg| omen_agent::replay::replay(cfg, &trace, &out))
+        }
+        Command::Bench { workflow, endpoint, out, model, api_key, max_requests, duration, no_progress } => {
+            let opts = omen_agent::loadgen::BenchOptions {
+                endpoint,
+                model,
+                api_key,
+                max_requests,
+                duration,
+                progress: !no_progress,
+            };
+            bench(&workflow, &opts, &out)
+        }
+        Command::Compare { a, b, json, confidence, resamples, seed, min_effect } => {
+            let opts = omen_agent::compare::CompareOptions { confidence, resamples, seed, min_effect };
+            compare(&a, &b, json.as_deref(), opts)
         }
     };
     match result {
