@@ -4,12 +4,14 @@
 pub mod compare;
 pub mod config;
 pub mod engine;
+pub mod evaluate_warnings;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;
 pub mod otlp;
 pub mod replay;
 pub mod run;
+pub mod simulate;
 pub mod store;
 pub mod trace_file;
 

@@ -1,7 +1,8 @@
 //! `omen`: the sidecar agent. `omen run --config omen.yaml` is the daemon;
 //! `omen check-config` validates a config; `omen replay TRACE` runs the same
-//! pipeline offline and writes a report; `omen bench` load-tests an endpoint and
-//! `omen compare` compares two bench reports.
+//! pipeline offline and writes a report; `omen bench` load-tests an endpoint,
+//! `omen compare` compares two bench reports, `omen simulate` writes a labelled
+//! scenario trace and `omen evaluate-warnings` scores the warnings on a set of them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,6 +92,29 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         min_effect: f64,
     },
+    /// Simulate a degradation scenario: write DIR/trace.jsonl.gz and DIR/labels.json.
+    Simulate {
+        /// Scenario file (YAML, see deploy/scenarios/).
+        scenario: PathBuf,
+        /// Output folder (created).
+        #[arg(long, short, default_value = "omen-simulate")]
+        out: PathBuf,
+    },
+    /// Simulate every scenario in a folder, replay each through the pipeline and score the warnings.
+    EvaluateWarnings {
+        /// Folder of scenario files (*.yaml).
+        #[arg(long)]
+        scenarios: PathBuf,
+        /// JSON report path.
+        #[arg(long, short, default_value = "evaluate-warnings.json")]
+        out: PathBuf,
+        /// Folder for the simulated traces and stores (default: a folder next to the report).
+        #[arg(long)]
+        work: Option<PathBuf>,
+        /// Optional config (signal, health and forecast settings).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn load_config(path: &std::path::Path) -> Result<Config> {
@@ -145,6 +169,38 @@ fn compare(
     Ok(())
 }
 
+fn simulate(scenario: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    let scenario = omen_agent::simulate::Scenario::load(scenario)?;
+    let labels = omen_agent::simulate::simulate(&scenario, out)?;
+    println!(
+        "simulated {} ({:?}): {} samples; onset {}, breach of {} {}; wrote {} and {}",
+        labels.scenario,
+        labels.fault,
+        labels.samples,
+        labels.onset.as_deref().unwrap_or("-"),
+        labels.slo.as_deref().unwrap_or("-"),
+        labels.breach.as_deref().unwrap_or("none in the trace"),
+        out.join("trace.jsonl.gz").display(),
+        out.join("labels.json").display()
+    );
+    Ok(())
+}
+
+fn evaluate_warnings(
+    cfg: &Config,
+    scenarios: &std::path::Path,
+    out: &std::path::Path,
+    work: Option<PathBuf>,
+) -> Result<()> {
+    let work = work.unwrap_or_else(|| out.with_extension("work"));
+    let report = omen_agent::evaluate_warnings::evaluate(cfg, scenarios, &work)?;
+    print!("{}", omen_agent::evaluate_warnings::table(&report));
+    std::fs::write(out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write the report {}", out.display()))?;
+    println!("wrote {} (traces and stores under {})", out.display(), work.display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
@@ -189,6 +245,14 @@ fn main() -> ExitCode {
         Command::Compare { a, b, json, confidence, resamples, seed, min_effect } => {
             let opts = omen_agent::compare::CompareOptions { confidence, resamples, seed, min_effect };
             compare(&a, &b, json.as_deref(), opts)
+        }
+        Command::Simulate { scenario, out } => simulate(&scenario, &out),
+        Command::EvaluateWarnings { scenarios, out, work, config } => {
+            let cfg = match config {
+                Some(path) => load_config(&path),
+                None => Ok(Config::default()),
+            };
+            cfg.and_then(|cfg| evaluate_warnings(&cfg, &scenarios, &out, work))
         }
     };
     match result {

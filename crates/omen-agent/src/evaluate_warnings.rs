@@ -1,0 +1,252 @@
+//! `omen evaluate-warnings --scenarios DIR`: simulates every scenario, replays it
+//! through the real pipeline (the `omen replay` code: Engine, store, forecasts, in
+//! event time) and scores the warnings against the scenario's labels: lead time of
+//! the first early warning for the scenario's SLO before its breach, false alarms
+//! per week on healthy traces, and detection delay of abrupt faults.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::engine::{AlertEvent, Level};
+use crate::simulate::{simulate, FaultKind, Labels, Scenario};
+
+const DAY_MS: f64 = 86_400_000.0;
+
+/// Targets the report checks.
+pub const TARGET_LEAD_DAYS: f64 = 14.0;
+/// At most this many false alarms per week on healthy traces (1 per 4 weeks).
+pub const TARGET_FALSE_ALARMS_PER_WEEK: f64 = 0.25;
+/// Abrupt faults flagged within this many minutes.
+pub const TARGET_DETECTION_MINUTES: f64 = 5.0;
+
+/// The result of one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    /// Scenario name.
+    pub scenario: String,
+    /// Its labels (fault, onset, SLO, breach).
+    pub labels: Labels,
+    /// Trace length, days.
+    pub days: f64,
+    /// First early warning for the scenario's SLO at or after the onset, Unix ms.
+    pub first_warning_ts_ms: Option<i64>,
+    /// Breach minus first early warning, days (None: no warning before the breach, or no breach).
+    pub lead_days: Option<f64>,
+    /// First health >= warning at or after the onset minus the onset, minutes (abrupt faults).
+    pub detection_minutes: Option<f64>,
+    /// Alarm episodes (health rising to >= warning, or an early warning turning on) before the
+    /// onset, or anywhere on a healthy trace.
+    pub false_alarms: usize,
+    /// false_alarms per week of the alarm-free part of the trace.
+    pub false_alarms_per_week: f64,
+    /// Every alert transition, for inspection.
+    pub events: Vec<AlertEvent>,
+}
+
+/// Aggregates over all scenarios, with pass/fail against the targets.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Median lead time over slow-drift scenarios, days (a missed warning counts as 0).
+    pub median_lead_days: Option<f64>,
+    /// Slow-drift scenarios that got no warning before the breach.
+    pub missed: Vec<String>,
+    /// False alarms per week over all healthy traces together.
+    pub healthy_false_alarms_per_week: Option<f64>,
+    /// Worst detection delay of abrupt faults, minutes (None when one was never flagged).
+    pub max_detection_minutes: Option<f64>,
+    /// Median lead >= 14 days.
+    pub lead_target_met: bool,
+    /// <= 1 false alarm per 4 weeks on healthy traces.
+    pub false_alarm_target_met: bool,
+    /// Every abrupt fault flagged within 5 minutes.
+    pub detection_target_met: bool,
+}
+
+/// The evaluation report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Per-scenario results.
+    pub scenarios: Vec<ScenarioResult>,
+    /// Aggregates and targets.
+    pub summary: Summary,
+}
+
+/// Scenario files (*.yaml, *.yml) in `dir`, sorted by name.
+pub fn scenario_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the scenarios folder {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        anyhow::bail!("{} holds no *.yaml scenarios; see deploy/scenarios/ for examples", dir.display());
+    }
+    Ok(files)
+}
+
+/// Simulates and replays one scenario under `work` (trace, labels and store kept there).
+pub fn evaluate_one(cfg: &Config, scenario: &Scenario, work: &Path) -> Result<ScenarioResult> {
+    let labels = simulate(scenario, work)?;
+    let db = work.join("omen.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let p = work.join(format!("omen.db{suffix}"));
+        if p.exists() {
+            std::fs::remove_file(&p).with_context(|| format!("cannot replace {}", p.display()))?;
+        }
+    }
+    let mut cfg = cfg.clone();
+    cfg.store.path = db.clone();
+    let report = crate::replay::replay_into(Arc::new(cfg), &work.join("trace.jsonl.gz"), &db)?;
+    Ok(score(scenario, labels, report.events))
+}
+
+/// Scores the alert transitions of a replay against the labels.
+pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> ScenarioResult {
+    let days = (labels.last_ts_ms - labels.first_ts_ms) as f64 / DAY_MS;
+    let onset = labels.onset_ts_ms.unwrap_or(i64::MAX);
+    let forecast_alert = labels.slo.as_ref().map(|s| format!("forecast:{s}"));
+    let first_warning_ts_ms = events
+        .iter()
+        .find(|e| e.ts_ms >= onset && Some(&e.alert) == forecast_alert.as_ref() && e.level != Level::Ok)
+        .map(|e| e.ts_ms);
+    let lead_days = match (first_warning_ts_ms, labels.breach_ts_ms) {
+        (Some(w), Some(b)) if w < b => Some((b - w) as f64 / DAY_MS),
+        _ => None,
+    };
+    let detection_minutes = (labels.abrupt)
+        .then(|| events.iter().find(|e| e.ts_ms >= onset && e.alert == "health" && e.level != Level::Ok))
+        .flatten()
+        .map(|e| (e.ts_ms - onset) as f64 / 60_000.0);
+    // An alarm episode starts when health leaves Ok, or when an early warning turns on.
+    let mut level = Level::Ok;
+    let mut false_alarms = 0;
+    for e in events.iter().filter(|e| e.ts_ms < onset) {
+        if e.alert == "health" {
+            if level == Level::Ok && e.level != Level::Ok {
+                false_alarms += 1;
+            }
+            level = e.level;
+        }
+    }
+    let clean_days =
+        if labels.onset_ts_ms.is_some() { (onset - labels.first_ts_ms) as f64 / DAY_MS } else { days };
+    ScenarioResult {
+        scenario: scenario.name.clone(),
+        labels,
+        days,
+        first_warning_ts_ms,
+        lead_days,
+        detection_minutes,
+        false_alarms,
+        false_alarms_per_week: if clean_days > 0.0 { false_alarms as f64 / (clean_days / 7.0) } else { 0.0 },
+        events,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+/// Aggregates results against the targets.
+pub fn summarize(results: &[ScenarioResult]) -> Summary {
+    let slow: Vec<&ScenarioResult> =
+        results.iter().filter(|r| r.labels.fault != FaultKind::Healthy && !r.labels.abrupt).collect();
+    let missed: Vec<String> =
+        slow.iter().filter(|r| r.lead_days.is_none()).map(|r| r.scenario.clone()).collect();
+    let median_lead_days = median(slow.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect());
+    let healthy: Vec<&ScenarioResult> =
+        results.iter().filter(|r| r.labels.fault == FaultKind::Healthy).collect();
+    let healthy_false_alarms_per_week = (!healthy.is_empty()).then(|| {
+        let alarms: usize = healthy.iter().map(|r| r.false_alarms).sum();
+        let weeks: f64 = healthy.iter().map(|r| r.days / 7.0).sum();
+        alarms as f64 / weeks
+    });
+    let abrupt: Vec<&ScenarioResult> = results.iter().filter(|r| r.labels.abrupt).collect();
+    let max_detection_minutes = if abrupt.iter().all(|r| r.detection_minutes.is_some()) {
+        abrupt.iter().filter_map(|r| r.detection_minutes).reduce(f64::max)
+    } else {
+        None
+    };
+    Summary {
+        median_lead_days,
+        lead_target_met: median_lead_days.is_none_or(|d| d >= TARGET_LEAD_DAYS),
+        false_alarm_target_met: healthy_false_alarms_per_week
+            .is_none_or(|f| f <= TARGET_FALSE_ALARMS_PER_WEEK),
+        detection_target_met: abrupt.is_empty()
+            || max_detection_minutes.is_some_and(|m| m <= TARGET_DETECTION_MINUTES),
+        missed,
+        healthy_false_alarms_per_week,
+        max_detection_minutes,
+    }
+}
+
+/// Evaluates every scenario in `dir`, working under `work` (one folder per scenario).
+pub fn evaluate(cfg: &Config, dir: &Path, work: &Path) -> Result<Report> {
+    let mut scenarios = Vec::new();
+    for path in scenario_files(dir)? {
+        let scenario = Scenario::load(&path)?;
+        let started = std::time::Instant::now();
+        let result = evaluate_one(cfg, &scenario, &work.join(&scenario.name))
+            .with_context(|| format!("scenario {}", path.display()))?;
+        tracing::info!(scenario = %scenario.name, secs = started.elapsed().as_secs_f64(), "evaluated");
+        scenarios.push(result);
+    }
+    let summary = summarize(&scenarios);
+    Ok(Report { scenarios, summary })
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
+/// The report as a plain-text table.
+pub fn table(report: &Report) -> String {
+    let mut s = format!(
+        "{:<30} {:<24} {:>5} {:>12} {:>10} {:>12} {:>8}\n",
+        "scenario", "fault", "days", "SLO", "lead d", "detect min", "FA/wk"
+    );
+    for r in &report.scenarios {
+        s += &format!(
+            "{:<30} {:<24} {:>5.1} {:>12} {:>10} {:>12} {:>8.2}\n",
+            r.scenario,
+            format!("{:?}", r.labels.fault),
+            r.days,
+            r.labels.slo.clone().unwrap_or_else(|| "-".into()),
+            if r.labels.fault != FaultKind::Healthy && !r.labels.abrupt && r.lead_days.is_none() {
+                "missed".into()
+            } else {
+                opt(r.lead_days, 1)
+            },
+            opt(r.detection_minutes, 1),
+            r.false_alarms_per_week,
+        );
+    }
+    let m = &report.summary;
+    let ok = |b: bool| if b { "met" } else { "MISSED" };
+    s += &format!(
+        "median lead (slow drifts): {} days (target >= {TARGET_LEAD_DAYS}: {})\n",
+        opt(m.median_lead_days, 1),
+        ok(m.lead_target_met)
+    );
+    s += &format!(
+        "false alarms on healthy traces: {} per week (target <= {TARGET_FALSE_ALARMS_PER_WEEK}: {})\n",
+        opt(m.healthy_false_alarms_per_week, 2),
+        ok(m.false_alarm_target_met)
+    );
+    s += &format!(
+        "abrupt detection: worst {} min (target <= {TARGET_DETECTION_MINUTES}: {})\n",
+        opt(m.max_detection_minutes, 1),
+        ok(m.detection_target_met)
+    );
+    s
+}
