@@ -25,6 +25,23 @@ pub struct Config {
     pub forecast: ForecastConfig,
     /// OTLP export.
     pub otlp: Option<OtlpConfig>,
+    /// The LSTM autoencoder; without it the agent runs the statistical detectors only.
+    pub model: Option<ModelConfig>,
+}
+
+/// The LSTM autoencoder model file (`omen train` writes it).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Model file.
+    pub path: PathBuf,
+    /// libtorch threads for scoring (one window per health tick needs one).
+    #[serde(default = "default_model_threads")]
+    pub threads: usize,
+}
+
+fn default_model_threads() -> usize {
+    1
 }
 
 /// SQLite store location and retention.
@@ -515,6 +532,26 @@ impl Config {
                 bad(&format!("forecast.slos[{i}].threshold"), "must be a finite number".into());
             }
         }
+        if let Some(m) = &self.model {
+            if !cfg!(feature = "lstm") {
+                bad(
+                    "model.path",
+                    "this omen was built without the `lstm` feature; build with default features or remove the model section".into(),
+                );
+            } else if !m.path.is_file() {
+                bad(
+                    "model.path",
+                    format!(
+                        "{} does not exist; train one with `omen train --data DATA --out {}` or remove the model section",
+                        m.path.display(),
+                        m.path.display()
+                    ),
+                );
+            }
+            if m.threads == 0 {
+                bad("model.threads", "must be at least 1".into());
+            }
+        }
         if let Some(o) = &self.otlp {
             if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
                 bad("otlp.endpoint", format!("{:?} must start with http:// or https://", o.endpoint));
@@ -577,6 +614,17 @@ mod tests {
             include_str!("../../../deploy/omen.local.yaml"),
         ] {
             Config::from_yaml(text).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_missing_model_file_names_the_field_and_the_fix() {
+        let e = Config::from_yaml("model:\n  path: /nonexistent/omen-model.ot\n").unwrap_err();
+        assert_eq!(e[0].path, "model.path");
+        if cfg!(feature = "lstm") {
+            assert!(e[0].message.contains("does not exist") && e[0].message.contains("omen train"), "{}", e[0].message);
+        } else {
+            assert!(e[0].message.contains("lstm"), "{}", e[0].message);
         }
     }
 

@@ -14,8 +14,8 @@ use crate::config::{Config, Direction, SloConfig, SloIndicator};
 use crate::metrics::{Labels, LiveMetrics};
 use crate::store::{Store, DAY_MS};
 
-/// Signals the engine itself produces; they are not scored again.
-const DERIVED: &[&str] = &[
+/// Signals the engine itself produces; they are not scored again (nor used as model inputs).
+pub const DERIVED: &[&str] = &[
     "anomaly_score",
     "health_score",
     "forecast_days_to_breach",
@@ -145,6 +145,9 @@ pub struct Engine {
     health_level: Level,
     warnings: HashMap<String, bool>,
     events: Vec<AlertEvent>,
+    /// The LSTM autoencoder, scored once per tick when configured.
+    #[cfg(feature = "lstm")]
+    model: Option<crate::lstm_live::LiveModel>,
 }
 
 fn to_labels(map: &BTreeMap<String, String>) -> Labels {
@@ -169,7 +172,32 @@ impl Engine {
             health_level: Level::Ok,
             warnings: HashMap::new(),
             events: Vec::new(),
+            #[cfg(feature = "lstm")]
+            model: None,
         })
+    }
+
+    /// Scores `model` at every tick from the latest value of its source series.
+    #[cfg(feature = "lstm")]
+    pub fn set_model(&mut self, model: crate::lstm_live::LiveModel) {
+        self.model = Some(model);
+    }
+
+    /// One LSTM-AE step: the latest value of each source series (stale ones count as missing).
+    #[cfg(feature = "lstm")]
+    fn score_model(&mut self, now_ms: i64, out: &mut Vec<Sample>) -> Result<()> {
+        let Some(model) = self.model.as_mut() else { return Ok(()) };
+        let latest: HashMap<String, f64> = self
+            .series
+            .iter()
+            .filter(|(_, st)| now_ms - st.last_ts <= STALE_MS)
+            .map(|(k, st)| (k.to_string(), st.last_value))
+            .collect();
+        if let crate::lstm_live::Tick::Scored { severity, .. } = model.tick(|s| latest.get(s).copied())? {
+            self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
+            out.push(Sample { ts_ms: now_ms, signal: "lstm_ae_score".into(), labels: BTreeMap::new(), value: severity });
+        }
+        Ok(())
     }
 
     /// Shared handle to the latest health summary.
@@ -336,6 +364,9 @@ impl Engine {
         if forecasts.iter().any(|f| f.early_warning) {
             health = health.max(self.cfg.health.warning);
         }
+        let mut out = Vec::new();
+        #[cfg(feature = "lstm")]
+        self.score_model(now_ms, &mut out)?;
         if let Some(lstm) = self.live.gauge("lstm_ae_score", &Vec::new()) {
             health = health.max(lstm);
         }
@@ -346,12 +377,7 @@ impl Engine {
         } else {
             Level::Ok
         };
-        let mut out = vec![Sample {
-            ts_ms: now_ms,
-            signal: "health_score".into(),
-            labels: BTreeMap::new(),
-            value: health,
-        }];
+        out.push(Sample { ts_ms: now_ms, signal: "health_score".into(), labels: BTreeMap::new(), value: health });
         self.live.set_gauge("health_score", Vec::new(), health);
         for f in &forecasts {
             let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();

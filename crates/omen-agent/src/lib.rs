@@ -7,7 +7,10 @@ pub mod engine;
 pub mod evaluate_warnings;
 pub mod http;
 pub mod loadgen;
+#[cfg(feature = "lstm")]
+pub mod lstm_live;
 pub mod metrics;
+pub mod model_cli;
 pub mod otlp;
 pub mod replay;
 pub mod run;

@@ -2,7 +2,8 @@
 //! `omen check-config` validates a config; `omen replay TRACE` runs the same
 //! pipeline offline and writes a report; `omen bench` load-tests an endpoint,
 //! `omen compare` compares two bench reports, `omen simulate` writes a labelled
-//! scenario trace and `omen evaluate-warnings` scores the warnings on a set of them.
+//! scenario trace and `omen evaluate-warnings` scores the warnings on a set of them;
+//! `omen train` / `omen evaluate` fit and judge the LSTM autoencoder (model_cli.rs).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -100,6 +101,10 @@ enum Command {
         #[arg(long, short, default_value = "omen-simulate")]
         out: PathBuf,
     },
+    /// Train the LSTM autoencoder on normal data (CSV, JSONL trace or store) and write the model file.
+    Train(omen_agent::model_cli::TrainArgs),
+    /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
+    Evaluate(omen_agent::model_cli::EvaluateArgs),
     /// Simulate every scenario in a folder, replay each through the pipeline and score the warnings.
     EvaluateWarnings {
         /// Folder of scenario files (*.yaml).
@@ -247,6 +252,8 @@ fn main() -> ExitCode {
             compare(&a, &b, json.as_deref(), opts)
         }
         Command::Simulate { scenario, out } => simulate(&scenario, &out),
+        Command::Train(args) => omen_agent::model_cli::train(&args),
+        Command::Evaluate(args) => omen_agent::model_cli::evaluate(&args),
         Command::EvaluateWarnings { scenarios, out, work, config } => {
             let cfg = match config {
                 Some(path) => load_config(&path),

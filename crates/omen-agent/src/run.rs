@@ -92,6 +92,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         None => None,
     };
     let mut engine = Engine::new(cfg.clone(), store.clone(), live.clone())?;
+    attach_model(&cfg, &mut engine)?;
     let summary = engine.summary_handle();
     let ready = Arc::new(AtomicBool::new(false));
     let (ingest_tx, mut ingest_rx) = mpsc::channel::<IngestJob>(cfg.http.ingest_queue);
@@ -173,6 +174,34 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     spawn_live_sources(&cfg, &store, &live, &ingest_tx, &shutdown_rx, &mut servers)?;
     drop(ingest_tx);
     Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done, otlp })
+}
+
+/// Loads the configured LSTM-AE model into the engine; a model that cannot be used stops start-up.
+fn attach_model(cfg: &Config, engine: &mut Engine) -> Result<()> {
+    let Some(m) = &cfg.model else {
+        info!("no model.path configured: running the statistical detectors only (window anomaly scores, forecasts)");
+        return Ok(());
+    };
+    #[cfg(feature = "lstm")]
+    {
+        let model = crate::lstm_live::LiveModel::load(&m.path, m.threads)?;
+        info!(
+            path = %m.path.display(),
+            sources = model.sources().len(),
+            window = model.window(),
+            "LSTM-AE model loaded; its score joins the health score"
+        );
+        engine.set_model(model);
+        Ok(())
+    }
+    #[cfg(not(feature = "lstm"))]
+    {
+        let _ = engine;
+        anyhow::bail!(
+            "model.path: {} is configured, but this omen was built without the `lstm` feature; build it with default features or remove the model section",
+            m.path.display()
+        )
+    }
 }
 
 fn source_up(live: &LiveMetrics, source: &str, up: bool) {

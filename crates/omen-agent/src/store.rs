@@ -391,6 +391,14 @@ impl Store {
         Ok(self.reader().query_row("SELECT MIN(ts_ms) FROM samples", [], |r| r.get(0))?)
     }
 
+    /// Names of the signals that have series in the store, sorted.
+    pub fn signals(&self) -> Result<Vec<String>> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached("SELECT DISTINCT signal FROM series ORDER BY signal")?;
+        let names = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(names)
+    }
+
     /// Latest raw timestamp stored, if any.
     pub fn latest_ts(&self) -> Result<Option<i64>> {
         Ok(self.reader().query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?)

@@ -2,9 +2,15 @@
 //! peaks-over-threshold (EVT) threshold that maps reconstruction errors to a
 //! [0, 1] severity. The LSTM autoencoder on tch builds on these.
 
+pub mod eval;
+pub mod features;
+#[cfg(feature = "torch")]
+pub mod lstm_ae;
 pub mod nab;
 pub mod normalize;
 pub mod pot;
+#[cfg(feature = "torch")]
+pub mod prune;
 pub mod windows;
 
 pub use normalize::Normalizer;

@@ -1,0 +1,523 @@
+//! `omen train` and `omen evaluate`: the LSTM autoencoder on a NAB-style CSV
+//! (`timestamp,value[,...]`), a JSONL sample trace, or the agent's SQLite store.
+//! Traces and stores are resampled to one row per `--step` (last value per series,
+//! carried forward), the same rows the agent builds at each health tick.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use omen_sources::Sample;
+
+use crate::engine::DERIVED;
+
+/// Where the rows come from and which columns to use.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DataArgs {
+    /// NAB-style CSV (timestamp,value[,...]), JSONL trace (plain or .gz), or the agent's store (SQLite).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Columns to use: CSV column names, or signals / series (e.g. kvf_ratio or kvf_ratio{layer="0"}); default all.
+    #[arg(long, value_delimiter = ',')]
+    pub columns: Vec<String>,
+    /// Row spacing for traces and stores; use the agent's health.interval.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub step: Duration,
+}
+
+/// `omen train` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    /// Input data.
+    pub data: DataArgs,
+    /// Model file to write.
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// Derived features per column: raw, diff, mean:N, std:N (comma-separated).
+    #[arg(long, default_value = "raw")]
+    pub features: String,
+    /// Train on the first rows only (NAB's probationary period: min(15%, 750 rows)).
+    #[arg(long)]
+    pub nab_probation: bool,
+    /// Train on this share of the first rows (default all rows; they must be normal).
+    #[arg(long, default_value_t = 1.0)]
+    pub train_fraction: f64,
+    /// Window length, rows.
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+    /// Encoder and decoder hidden units.
+    #[arg(long, default_value_t = 32)]
+    pub hidden: usize,
+    /// Latent size.
+    #[arg(long, default_value_t = 8)]
+    pub latent: usize,
+    /// Most epochs (early stopping on the validation split may end sooner).
+    #[arg(long, default_value_t = 60)]
+    pub epochs: usize,
+    /// Epochs without improvement before stopping.
+    #[arg(long, default_value_t = 8)]
+    pub patience: usize,
+    /// Mini-batch size.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 5e-3)]
+    pub learning_rate: f64,
+    /// Seed (libtorch's generator).
+    #[arg(long, default_value_t = 0)]
+    pub seed: i64,
+    /// Prune to this share of hidden units after training (e.g. 0.6) and report before/after.
+    #[arg(long)]
+    pub prune: Option<f64>,
+    /// Fine-tune epochs after pruning.
+    #[arg(long, default_value_t = 5)]
+    pub fine_tune: usize,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// No progress bar (it is only drawn when stderr is a terminal anyway).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// `omen evaluate` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvaluateArgs {
+    /// Model file from `omen train`.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    /// Input data.
+    pub data: DataArgs,
+    /// Anomaly windows: NAB's combined_windows.json (the entry whose key ends the data path) or a JSON list of [start, end] timestamps.
+    #[arg(long)]
+    pub labels: PathBuf,
+    /// Also write timestamp,anomaly_score (severity) as CSV here.
+    #[arg(long)]
+    pub scores: Option<PathBuf>,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+/// Rows of named columns with their timestamps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    /// One per row (CSV text, or `YYYY-MM-DD HH:MM:SS` UTC for traces and stores).
+    pub timestamps: Vec<String>,
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Rows.
+    pub rows: Vec<Vec<f64>>,
+}
+
+impl Table {
+    /// The table restricted to `names`, in that order; every name must be a column.
+    pub fn select(&self, names: &[String], path: &Path) -> Result<Table> {
+        let idx: Vec<usize> = names
+            .iter()
+            .map(|n| {
+                self.columns.iter().position(|c| c == n).with_context(|| {
+                    format!("{}: no column {n:?} (the data has {:?}); give data with the model's columns", path.display(), self.columns)
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Table {
+            timestamps: self.timestamps.clone(),
+            columns: names.to_vec(),
+            rows: self.rows.iter().map(|r| idx.iter().map(|&i| r[i]).collect()).collect(),
+        })
+    }
+}
+
+fn is_sqlite(path: &Path) -> Result<bool> {
+    let mut head = [0u8; 16];
+    let mut f = std::fs::File::open(path).with_context(|| format!("cannot open the data {}", path.display()))?;
+    let n = f.read(&mut head)?;
+    Ok(n == 16 && &head == b"SQLite format 3\0")
+}
+
+/// Reads a CSV, JSONL trace or store into rows (see the module doc).
+pub fn load_table(args: &DataArgs) -> Result<Table> {
+    let path = &args.data;
+    let is_csv = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let table = if is_csv {
+        read_csv(path, &args.columns)?
+    } else if is_sqlite(path)? && path.extension().is_none_or(|e| e != "sqlite") {
+        pivot(store_samples(path, args.step)?, args.step, &args.columns, path)?
+    } else {
+        let mut samples = Vec::new();
+        for batch in crate::trace_file::batches(path)? {
+            samples.extend(batch?);
+        }
+        pivot(samples, args.step, &args.columns, path)?
+    };
+    if table.rows.is_empty() {
+        bail!("{}: no complete rows (every selected column needs a value); check --columns", path.display());
+    }
+    Ok(table)
+}
+
+/// A NAB-style CSV: a `timestamp` column and numeric columns (no quoting).
+fn read_csv(path: &Path, columns: &[String]) -> Result<Table> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the data {}", path.display()))?;
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> = lines
+        .next()
+        .with_context(|| format!("{}: empty file", path.display()))?
+        .split(',')
+        .map(|h| h.trim().to_string())
+        .collect();
+    let ts = header
+        .iter()
+        .position(|h| h == "timestamp")
+        .with_context(|| format!("{}: no `timestamp` column; the header must be timestamp,value[,...]", path.display()))?;
+    let wanted: Vec<usize> = if columns.is_empty() {
+        (0..header.len()).filter(|&i| i != ts).collect()
+    } else {
+        columns
+            .iter()
+            .map(|c| {
+                header.iter().position(|h| h == c).with_context(|| {
+                    format!("{}: no column {c:?} (columns: {:?}); fix --columns", path.display(), header)
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut t = Table { timestamps: Vec::new(), columns: wanted.iter().map(|&i| header[i].clone()).collect(), rows: Vec::new() };
+    for (n, line) in lines.enumerate() {
+        let f: Vec<&str> = line.split(',').collect();
+        let row = wanted
+            .iter()
+            .map(|&i| {
+                let v = f.get(i).map(|s| s.trim()).unwrap_or("");
+                v.parse::<f64>().ok().filter(|v| v.is_finite()).with_context(|| {
+                    format!("{} line {}: {:?} in column {} is not a finite number; fill or drop the row", path.display(), n + 2, v, header[i])
+                })
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        t.timestamps.push(f.get(ts).unwrap_or(&"").trim().to_string());
+        t.rows.push(row);
+    }
+    Ok(t)
+}
+
+/// Samples of the store, as per-step means of raw samples (derived signals left out).
+fn store_samples(path: &Path, step: Duration) -> Result<Vec<Sample>> {
+    let store = crate::store::Store::open(path)?;
+    let (Some(from), Some(until)) = (store.earliest_ts()?, store.latest_ts()?) else {
+        bail!("{}: the store has no raw samples; run the agent longer or give a trace", path.display());
+    };
+    let step_ms = (step.as_millis() as i64).max(1);
+    let mut out = Vec::new();
+    for signal in store.signals()? {
+        if DERIVED.contains(&signal.as_str()) {
+            continue;
+        }
+        let range =
+            store.range(&signal, &BTreeMap::new(), from, until + 1, step_ms, crate::store::Resolution::Raw)?;
+        for series in range {
+            for (ts_ms, value) in series.points {
+                out.push(Sample { ts_ms, signal: signal.clone(), labels: series.labels.clone(), value });
+            }
+        }
+    }
+    out.sort_by_key(|s| s.ts_ms);
+    Ok(out)
+}
+
+fn format_ts(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map_or_else(|| ms.to_string(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+/// One row per step: each series' last value in the step, carried forward; rows start
+/// once every selected series has a value. Derived signals (scores, health) are left out.
+pub fn pivot(samples: Vec<Sample>, step: Duration, columns: &[String], path: &Path) -> Result<Table> {
+    let step_ms = (step.as_millis() as i64).max(1);
+    let mut by_series: BTreeMap<String, BTreeMap<i64, f64>> = BTreeMap::new();
+    for s in samples {
+        if DERIVED.contains(&s.signal.as_str()) {
+            continue;
+        }
+        let key = s.series_key().to_string();
+        if !columns.is_empty() && !columns.iter().any(|c| *c == s.signal || *c == key) {
+            continue;
+        }
+        by_series.entry(key).or_default().insert(s.ts_ms.div_euclid(step_ms), s.value);
+    }
+    if by_series.is_empty() {
+        bail!("{}: no samples of the selected signals {columns:?}; check --columns", path.display());
+    }
+    let names: Vec<String> = by_series.keys().cloned().collect();
+    let first = by_series.values().filter_map(|m| m.keys().next()).copied().max().expect("non-empty");
+    let last = by_series.values().filter_map(|m| m.keys().next_back()).copied().max().expect("non-empty");
+    let mut t = Table { timestamps: Vec::new(), columns: names, rows: Vec::new() };
+    let mut current: Vec<Option<f64>> = vec![None; t.columns.len()];
+    let mut iters: Vec<_> = by_series.values().map(|m| m.iter().peekable()).collect();
+    for bucket in by_series.values().filter_map(|m| m.keys().next()).copied().min().expect("non-empty")..=last {
+        for (c, it) in current.iter_mut().zip(iters.iter_mut()) {
+            while let Some((&b, &v)) = it.peek() {
+                if b > bucket {
+                    break;
+                }
+                *c = Some(v);
+                it.next();
+            }
+        }
+        if bucket >= first {
+            t.timestamps.push(format_ts(bucket * step_ms));
+            t.rows.push(current.iter().map(|v| v.expect("every series started by `first`")).collect());
+        }
+    }
+    Ok(t)
+}
+
+/// Anomaly windows from `--labels` for the data file.
+pub fn load_labels(labels: &Path, data: &Path) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(labels).with_context(|| format!("cannot read the labels {}", labels.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not JSON; give NAB's combined_windows.json or a list of [start, end]", labels.display()))?;
+    let parse = |v: &serde_json::Value| -> Result<Vec<(String, String)>> {
+        serde_json::from_value(v.clone()).with_context(|| {
+            format!("{}: windows must be [start, end] timestamp pairs", labels.display())
+        })
+    };
+    match &value {
+        serde_json::Value::Array(_) => parse(&value),
+        serde_json::Value::Object(map) => {
+            let data_s = data.to_string_lossy().replace('\\', "/");
+            let (_, v) = map.iter().find(|(k, _)| data_s.ends_with(k.as_str())).with_context(|| {
+                format!(
+                    "{}: no entry whose key ends the data path {data_s} (keys look like {:?}); pass the matching labels",
+                    labels.display(),
+                    map.keys().next()
+                )
+            })?;
+            parse(v)
+        }
+        _ => bail!("{}: give NAB's combined_windows.json or a list of [start, end]", labels.display()),
+    }
+}
+
+#[cfg(feature = "lstm")]
+mod torch_commands {
+    use std::io::IsTerminal;
+
+    use anyhow::{bail, Context, Result};
+    use indicatif::{ProgressBar, ProgressStyle};
+    use omen_model::eval::{nab_profile, window_f1, window_rows};
+    use omen_model::features::FeatureSet;
+    use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
+    use omen_model::nab::{self, NabCorpus, PROFILES};
+
+    use super::{load_labels, load_table, EvaluateArgs, TrainArgs};
+
+    /// Mean seconds to score one window (batch of one), over `n` runs.
+    fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> {
+        let feats = model.meta.features.transform_all(&rows[..model.window()])?;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            model.score_window(&feats)?;
+        }
+        Ok(t.elapsed().as_secs_f64() / n as f64)
+    }
+
+    /// `omen train`.
+    pub fn train(a: &TrainArgs) -> Result<()> {
+        lstm_ae::set_threads(a.threads);
+        let table = load_table(&a.data)?;
+        let n = table.rows.len();
+        let take = if a.nab_probation {
+            nab::probation_length(n)
+        } else {
+            if !(a.train_fraction > 0.0 && a.train_fraction <= 1.0) {
+                bail!("--train-fraction {} must be in (0, 1]", a.train_fraction);
+            }
+            (n as f64 * a.train_fraction).round() as usize
+        };
+        let rows = &table.rows[..take];
+        let features = FeatureSet::parse(table.columns.clone(), &a.features).context("--features")?;
+        let cfg = LstmAeConfig {
+            window: a.window,
+            hidden: a.hidden,
+            decoder_hidden: a.hidden,
+            latent: a.latent,
+            epochs: a.epochs,
+            patience: a.patience,
+            batch_size: a.batch_size,
+            learning_rate: a.learning_rate,
+            seed: a.seed,
+            ..Default::default()
+        };
+        let bar = if a.no_progress || !std::io::stderr().is_terminal() {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(a.epochs as u64)
+        };
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} epoch {pos}/{len} {msg} [{elapsed}]")
+                .expect("valid template"),
+        );
+        let model = LstmAutoencoder::train(features, rows, &cfg, &mut |p| {
+            bar.set_position(p.epoch as u64);
+            bar.set_message(format!("train {:.4} val {:.4}", p.train_loss, p.val_loss));
+        })
+        .with_context(|| format!("training on {}", a.data.data.display()))?;
+        bar.finish_and_clear();
+        let t = &model.meta.training;
+        println!(
+            "trained on {take} of {n} rows ({} columns x {} features): {} epochs (best {}), train loss {:.5}, val loss {:.5}, {:.1}s",
+            model.meta.features.sources.len(),
+            model.meta.features.width(),
+            t.epochs_run,
+            t.best_epoch,
+            t.train_loss,
+            t.val_loss,
+            t.seconds
+        );
+        println!(
+            "POT threshold {:.6} (risk {}, from {} errors); {} parameters",
+            model.meta.pot.threshold,
+            model.meta.pot.risk,
+            if t.threshold_from_validation { "validation" } else { "all window" },
+            model.parameter_count()
+        );
+        let model = match a.prune {
+            None => model,
+            Some(keep) => {
+                let (pruned, r) = model.prune(keep, Some(rows), a.fine_tune)?;
+                let (l0, l1) = (latency(&model, rows, 200)?, latency(&pruned, rows, 200)?);
+                println!(
+                    "pruned to {keep}: parameters {} -> {}, encoder {} -> {} units, decoder {} -> {}; latency per window {:.3} ms -> {:.3} ms; POT threshold {:.6}",
+                    r.parameters_before,
+                    r.parameters_after,
+                    model.meta.dims.hidden,
+                    pruned.meta.dims.hidden,
+                    model.meta.dims.decoder_hidden,
+                    pruned.meta.dims.decoder_hidden,
+                    l0 * 1e3,
+                    l1 * 1e3,
+                    pruned.meta.pot.threshold
+                );
+                pruned
+            }
+        };
+        model.save(&a.out)?;
+        println!("wrote {}", a.out.display());
+        Ok(())
+    }
+
+    /// `omen evaluate`.
+    pub fn evaluate(a: &EvaluateArgs) -> Result<()> {
+        lstm_ae::set_threads(a.threads);
+        let model = LstmAutoencoder::load(&a.model)?;
+        let table = load_table(&a.data)?.select(&model.meta.features.sources, &a.data.data)?;
+        let windows = load_labels(&a.labels, &a.data.data)?;
+        let rows = window_rows(&table.timestamps, &windows)
+            .map_err(|e| anyhow::anyhow!("{}: {e}; the labels must use the data's timestamps", a.labels.display()))?;
+        let severity: Vec<f64> = model
+            .score_series(&table.rows)?
+            .into_iter()
+            .map(|e| e.map_or(0.0, |e| model.severity(e)))
+            .collect();
+        let n = table.rows.len();
+        let probation = nab::probation_length(n);
+        let detected: Vec<bool> = severity.iter().map(|&s| s >= 0.6).collect();
+        let f = window_f1(&detected, &rows, probation);
+        println!(
+            "{} rows, {} anomaly windows; scored after NAB's probation ({probation} rows); detection = severity >= 0.6 (the POT threshold)",
+            n,
+            windows.len()
+        );
+        println!(
+            "window-based: TP {} FN {} FP {} (runs outside windows); precision {:.3} recall {:.3} F1 {:.3}",
+            f.tp, f.fn_, f.fp, f.precision, f.recall, f.f1
+        );
+        let key = a.data.data.display().to_string();
+        let corpus = NabCorpus {
+            windows: [(key.clone(), windows.clone())].into_iter().collect(),
+            profiles: PROFILES.iter().map(|p| (p.to_string(), nab_profile(p).expect("NAB profile"))).collect(),
+        };
+        let files = vec![(key.clone(), table.timestamps.clone(), severity.clone())];
+        println!("| NAB profile | score at 0.6 (normalised) | optimised threshold | score there (normalised) |");
+        println!("|---|---|---|---|");
+        for p in PROFILES {
+            let cost = corpus.cost(p)?;
+            let at = nab::score_file(&corpus, &key, &table.timestamps, &severity, &cost, 0.6)?;
+            let null = -(windows.len() as f64) * cost.fn_;
+            let norm_at = nab::normalise(at.row.score, null, windows.len(), &cost);
+            let (best, norm) = nab::optimised_normalised(&corpus, &files, &cost)?;
+            println!(
+                "| {p} | {:.3} ({norm_at:.2}) | {:.4} | {:.3} ({norm:.2}) |",
+                at.row.score, best.threshold, best.score
+            );
+        }
+        if let Some(out) = &a.scores {
+            let mut text = String::from("timestamp,anomaly_score\n");
+            for (t, s) in table.timestamps.iter().zip(&severity) {
+                text.push_str(&format!("{t},{s}\n"));
+            }
+            std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "lstm")]
+pub use torch_commands::{evaluate, train};
+
+/// `omen train` without the `lstm` feature: a clear error.
+#[cfg(not(feature = "lstm"))]
+pub fn train(_: &TrainArgs) -> Result<()> {
+    bail!("omen train needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features")
+}
+
+/// `omen evaluate` without the `lstm` feature: a clear error.
+#[cfg(not(feature = "lstm"))]
+pub fn evaluate(_: &EvaluateArgs) -> Result<()> {
+    bail!("omen evaluate needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(ts_ms: i64, signal: &str, value: f64) -> Sample {
+        Sample { ts_ms, signal: signal.into(), labels: BTreeMap::new(), value }
+    }
+
+    #[test]
+    fn pivot_carries_values_forward_from_the_first_complete_step() {
+        let samples = vec![
+            s(0, "a", 1.0),
+            s(30_000, "a", 2.0),
+            s(60_000, "b", 10.0),
+            s(120_000, "a", 3.0),
+            s(180_000, "b", 11.0),
+            s(180_000, "health_score", 0.5),
+        ];
+        let t = pivot(samples, Duration::from_secs(60), &[], Path::new("x")).unwrap();
+        assert_eq!(t.columns, ["a", "b"]);
+        assert_eq!(t.rows, vec![vec![2.0, 10.0], vec![3.0, 10.0], vec![3.0, 11.0]]);
+        assert_eq!(t.timestamps[0], "1970-01-01 00:01:00");
+        let only_b = pivot(vec![s(0, "a", 1.0), s(0, "b", 2.0)], Duration::from_secs(60), &["b".into()], Path::new("x"));
+        assert_eq!(only_b.unwrap().columns, ["b"]);
+    }
+
+    #[test]
+    fn labels_come_from_a_list_or_the_matching_nab_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("l.json");
+        std::fs::write(&list, r#"[["2014-01-01 00:00:00", "2014-01-02 00:00:00"]]"#).unwrap();
+        assert_eq!(load_labels(&list, Path::new("d.csv")).unwrap().len(), 1);
+        let nab = dir.path().join("n.json");
+        std::fs::write(&nab, r#"{"realKnownCause/x.csv": [["a", "b"], ["c", "d"]], "other/y.csv": []}"#).unwrap();
+        assert_eq!(load_labels(&nab, Path::new("/data/realKnownCause/x.csv")).unwrap().len(), 2);
+        let e = load_labels(&nab, Path::new("z.csv")).unwrap_err().to_string();
+        assert!(e.contains("no entry"), "{e}");
+    }
+}
