@@ -144,7 +144,10 @@ mod tests {
     #[test]
     fn pruning_keeps_the_requested_fraction_and_still_reconstructs() {
         let (m, data) = trained();
-        let (p, r) = m.prune(DEFAULT_KEEP, Some(&data), 10).unwrap();
+        let (p, r) = {
+            let _turn = crate::lstm_ae::tests::TRAINING.lock().unwrap_or_else(|e| e.into_inner());
+            m.prune(DEFAULT_KEEP, Some(&data), 10).unwrap()
+        };
         assert_eq!(r.encoder_kept.len(), kept_units(16, 0.6));
         assert_eq!(p.meta.dims.hidden, 10);
         assert_eq!(p.meta.dims.decoder_hidden, 10);
