@@ -6,7 +6,8 @@
 //!
 //! Usage: `cargo run --release -p omen-model --features torch --example nab_lstm -- [OPTIONS]`
 //! Options: `--features raw,diff,mean:8,std:8` `--window 32` `--hidden 32` `--latent 8`
-//! `--epochs 60` `--threads 2` `--prune 0.6` `--fine-tune 5` `--anomaly-window 64`.
+//! `--epochs 60` `--batch 32` `--stride 1` `--lr 0.005` `--patience 8` `--threads 2` `--prune 0.6`
+//! `--fine-tune 5` `--anomaly-window 64` `--only SUBSTRING` (files whose path contains it).
 //! OMEN_NAB_DIR overrides the data directory (default ../shared/data/nab beside the repository).
 
 use std::path::PathBuf;
@@ -28,6 +29,7 @@ struct Opts {
     prune: f64,
     fine_tune: usize,
     anomaly_window: usize,
+    only: Option<String>,
 }
 
 fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
@@ -38,6 +40,7 @@ fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
         prune: omen_model::prune::DEFAULT_KEEP,
         fine_tune: 5,
         anomaly_window: 64,
+        only: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -50,6 +53,11 @@ fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
                 o.cfg.decoder_hidden = o.cfg.hidden;
             }
             "--latent" => o.cfg.latent = v.parse()?,
+            "--batch" => o.cfg.batch_size = v.parse()?,
+            "--stride" => o.cfg.stride = v.parse()?,
+            "--lr" => o.cfg.learning_rate = v.parse()?,
+            "--patience" => o.cfg.patience = v.parse()?,
+            "--only" => o.only = Some(v.clone()),
             "--epochs" => o.cfg.epochs = v.parse()?,
             "--threads" => o.threads = v.parse()?,
             "--prune" => o.prune = v.parse()?,
@@ -96,6 +104,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         files.sort();
         for name in files {
             let rel = format!("{sub}/{name}");
+            if o.only.as_ref().is_some_and(|p| !rel.contains(p.as_str())) {
+                continue;
+            }
             let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
             let probation = nab::probation_length(ts.len());
             let raw: Vec<Vec<f64>> = values.iter().map(|&v| vec![v]).collect();
