@@ -622,7 +622,11 @@ mod tests {
         let e = Config::from_yaml("model:\n  path: /nonexistent/omen-model.ot\n").unwrap_err();
         assert_eq!(e[0].path, "model.path");
         if cfg!(feature = "lstm") {
-            assert!(e[0].message.contains("does not exist") && e[0].message.contains("omen train"), "{}", e[0].message);
+            assert!(
+                e[0].message.contains("does not exist") && e[0].message.contains("omen train"),
+                "{}",
+                e[0].message
+            );
         } else {
             assert!(e[0].message.contains("lstm"), "{}", e[0].message);
         }

@@ -195,7 +195,12 @@ impl Engine {
             .collect();
         if let crate::lstm_live::Tick::Scored { severity, .. } = model.tick(|s| latest.get(s).copied())? {
             self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
-            out.push(Sample { ts_ms: now_ms, signal: "lstm_ae_score".into(), labels: BTreeMap::new(), value: severity });
+            out.push(Sample {
+                ts_ms: now_ms,
+                signal: "lstm_ae_score".into(),
+                labels: BTreeMap::new(),
+                value: severity,
+            });
         }
         Ok(())
     }
@@ -377,7 +382,12 @@ impl Engine {
         } else {
             Level::Ok
         };
-        out.push(Sample { ts_ms: now_ms, signal: "health_score".into(), labels: BTreeMap::new(), value: health });
+        out.push(Sample {
+            ts_ms: now_ms,
+            signal: "health_score".into(),
+            labels: BTreeMap::new(),
+            value: health,
+        });
         self.live.set_gauge("health_score", Vec::new(), health);
         for f in &forecasts {
             let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();

@@ -121,7 +121,11 @@ impl Table {
             .iter()
             .map(|n| {
                 self.columns.iter().position(|c| c == n).with_context(|| {
-                    format!("{}: no column {n:?} (the data has {:?}); give data with the model's columns", path.display(), self.columns)
+                    format!(
+                        "{}: no column {n:?} (the data has {:?}); give data with the model's columns",
+                        path.display(),
+                        self.columns
+                    )
                 })
             })
             .collect::<Result<_>>()?;
@@ -135,7 +139,8 @@ impl Table {
 
 fn is_sqlite(path: &Path) -> Result<bool> {
     let mut head = [0u8; 16];
-    let mut f = std::fs::File::open(path).with_context(|| format!("cannot open the data {}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open the data {}", path.display()))?;
     let n = f.read(&mut head)?;
     Ok(n == 16 && &head == b"SQLite format 3\0")
 }
@@ -163,7 +168,8 @@ pub fn load_table(args: &DataArgs) -> Result<Table> {
 
 /// A NAB-style CSV: a `timestamp` column and numeric columns (no quoting).
 fn read_csv(path: &Path, columns: &[String]) -> Result<Table> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the data {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read the data {}", path.display()))?;
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<String> = lines
         .next()
@@ -171,10 +177,9 @@ fn read_csv(path: &Path, columns: &[String]) -> Result<Table> {
         .split(',')
         .map(|h| h.trim().to_string())
         .collect();
-    let ts = header
-        .iter()
-        .position(|h| h == "timestamp")
-        .with_context(|| format!("{}: no `timestamp` column; the header must be timestamp,value[,...]", path.display()))?;
+    let ts = header.iter().position(|h| h == "timestamp").with_context(|| {
+        format!("{}: no `timestamp` column; the header must be timestamp,value[,...]", path.display())
+    })?;
     let wanted: Vec<usize> = if columns.is_empty() {
         (0..header.len()).filter(|&i| i != ts).collect()
     } else {
@@ -187,7 +192,11 @@ fn read_csv(path: &Path, columns: &[String]) -> Result<Table> {
             })
             .collect::<Result<_>>()?
     };
-    let mut t = Table { timestamps: Vec::new(), columns: wanted.iter().map(|&i| header[i].clone()).collect(), rows: Vec::new() };
+    let mut t = Table {
+        timestamps: Vec::new(),
+        columns: wanted.iter().map(|&i| header[i].clone()).collect(),
+        rows: Vec::new(),
+    };
     for (n, line) in lines.enumerate() {
         let f: Vec<&str> = line.split(',').collect();
         let row = wanted
@@ -195,7 +204,13 @@ fn read_csv(path: &Path, columns: &[String]) -> Result<Table> {
             .map(|&i| {
                 let v = f.get(i).map(|s| s.trim()).unwrap_or("");
                 v.parse::<f64>().ok().filter(|v| v.is_finite()).with_context(|| {
-                    format!("{} line {}: {:?} in column {} is not a finite number; fill or drop the row", path.display(), n + 2, v, header[i])
+                    format!(
+                        "{} line {}: {:?} in column {} is not a finite number; fill or drop the row",
+                        path.display(),
+                        n + 2,
+                        v,
+                        header[i]
+                    )
                 })
             })
             .collect::<Result<Vec<f64>>>()?;
@@ -217,8 +232,14 @@ fn store_samples(path: &Path, step: Duration) -> Result<Vec<Sample>> {
         if DERIVED.contains(&signal.as_str()) {
             continue;
         }
-        let range =
-            store.range(&signal, &BTreeMap::new(), from, until + 1, step_ms, crate::store::Resolution::Raw)?;
+        let range = store.range(
+            &signal,
+            &BTreeMap::new(),
+            from,
+            until + 1,
+            step_ms,
+            crate::store::Resolution::Raw,
+        )?;
         for series in range {
             for (ts_ms, value) in series.points {
                 out.push(Sample { ts_ms, signal: signal.clone(), labels: series.labels.clone(), value });
@@ -258,7 +279,8 @@ pub fn pivot(samples: Vec<Sample>, step: Duration, columns: &[String], path: &Pa
     let mut t = Table { timestamps: Vec::new(), columns: names, rows: Vec::new() };
     let mut current: Vec<Option<f64>> = vec![None; t.columns.len()];
     let mut iters: Vec<_> = by_series.values().map(|m| m.iter().peekable()).collect();
-    for bucket in by_series.values().filter_map(|m| m.keys().next()).copied().min().expect("non-empty")..=last {
+    for bucket in by_series.values().filter_map(|m| m.keys().next()).copied().min().expect("non-empty")..=last
+    {
         for (c, it) in current.iter_mut().zip(iters.iter_mut()) {
             while let Some((&b, &v)) = it.peek() {
                 if b > bucket {
@@ -278,13 +300,14 @@ pub fn pivot(samples: Vec<Sample>, step: Duration, columns: &[String], path: &Pa
 
 /// Anomaly windows from `--labels` for the data file.
 pub fn load_labels(labels: &Path, data: &Path) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(labels).with_context(|| format!("cannot read the labels {}", labels.display()))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not JSON; give NAB's combined_windows.json or a list of [start, end]", labels.display()))?;
+    let text = std::fs::read_to_string(labels)
+        .with_context(|| format!("cannot read the labels {}", labels.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!("{}: not JSON; give NAB's combined_windows.json or a list of [start, end]", labels.display())
+    })?;
     let parse = |v: &serde_json::Value| -> Result<Vec<(String, String)>> {
-        serde_json::from_value(v.clone()).with_context(|| {
-            format!("{}: windows must be [start, end] timestamp pairs", labels.display())
-        })
+        serde_json::from_value(v.clone())
+            .with_context(|| format!("{}: windows must be [start, end] timestamp pairs", labels.display()))
     };
     match &value {
         serde_json::Value::Array(_) => parse(&value),
@@ -417,8 +440,9 @@ mod torch_commands {
         let model = LstmAutoencoder::load(&a.model)?;
         let table = load_table(&a.data)?.select(&model.meta.features.sources, &a.data.data)?;
         let windows = load_labels(&a.labels, &a.data.data)?;
-        let rows = window_rows(&table.timestamps, &windows)
-            .map_err(|e| anyhow::anyhow!("{}: {e}; the labels must use the data's timestamps", a.labels.display()))?;
+        let rows = window_rows(&table.timestamps, &windows).map_err(|e| {
+            anyhow::anyhow!("{}: {e}; the labels must use the data's timestamps", a.labels.display())
+        })?;
         let severity: Vec<f64> = model
             .score_series(&table.rows)?
             .into_iter()
@@ -440,10 +464,15 @@ mod torch_commands {
         let key = a.data.data.display().to_string();
         let corpus = NabCorpus {
             windows: [(key.clone(), windows.clone())].into_iter().collect(),
-            profiles: PROFILES.iter().map(|p| (p.to_string(), nab_profile(p).expect("NAB profile"))).collect(),
+            profiles: PROFILES
+                .iter()
+                .map(|p| (p.to_string(), nab_profile(p).expect("NAB profile")))
+                .collect(),
         };
         let files = vec![(key.clone(), table.timestamps.clone(), severity.clone())];
-        println!("| NAB profile | score at 0.6 (normalised) | optimised threshold | score there (normalised) |");
+        println!(
+            "| NAB profile | score at 0.6 (normalised) | optimised threshold | score there (normalised) |"
+        );
         println!("|---|---|---|---|");
         for p in PROFILES {
             let cost = corpus.cost(p)?;
@@ -504,7 +533,12 @@ mod tests {
         assert_eq!(t.columns, ["a", "b"]);
         assert_eq!(t.rows, vec![vec![2.0, 10.0], vec![3.0, 10.0], vec![3.0, 11.0]]);
         assert_eq!(t.timestamps[0], "1970-01-01 00:01:00");
-        let only_b = pivot(vec![s(0, "a", 1.0), s(0, "b", 2.0)], Duration::from_secs(60), &["b".into()], Path::new("x"));
+        let only_b = pivot(
+            vec![s(0, "a", 1.0), s(0, "b", 2.0)],
+            Duration::from_secs(60),
+            &["b".into()],
+            Path::new("x"),
+        );
         assert_eq!(only_b.unwrap().columns, ["b"]);
     }
 
@@ -515,7 +549,8 @@ mod tests {
         std::fs::write(&list, r#"[["2014-01-01 00:00:00", "2014-01-02 00:00:00"]]"#).unwrap();
         assert_eq!(load_labels(&list, Path::new("d.csv")).unwrap().len(), 1);
         let nab = dir.path().join("n.json");
-        std::fs::write(&nab, r#"{"realKnownCause/x.csv": [["a", "b"], ["c", "d"]], "other/y.csv": []}"#).unwrap();
+        std::fs::write(&nab, r#"{"realKnownCause/x.csv": [["a", "b"], ["c", "d"]], "other/y.csv": []}"#)
+            .unwrap();
         assert_eq!(load_labels(&nab, Path::new("/data/realKnownCause/x.csv")).unwrap().len(), 2);
         let e = load_labels(&nab, Path::new("z.csv")).unwrap_err().to_string();
         assert!(e.contains("no entry"), "{e}");

@@ -83,7 +83,8 @@ async fn agent_scores_the_model_and_exports_it() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let line = text.lines().find(|l| l.starts_with("omen_lstm_ae_score ")).unwrap_or_else(|| panic!("{text}"));
+    let line =
+        text.lines().find(|l| l.starts_with("omen_lstm_ae_score ")).unwrap_or_else(|| panic!("{text}"));
     let v: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!((0.0..=1.0).contains(&v), "{line}");
     agent.stop().await.unwrap();

@@ -6,7 +6,9 @@ use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{LstmAeConfig, LstmAutoencoder};
 
 fn series(n: usize) -> Vec<Vec<f64>> {
-    (0..n).map(|i| vec![(i as f64 * std::f64::consts::TAU / 24.0).sin() + ((i * 7919) % 13) as f64 * 0.01]).collect()
+    (0..n)
+        .map(|i| vec![(i as f64 * std::f64::consts::TAU / 24.0).sin() + ((i * 7919) % 13) as f64 * 0.01])
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
@@ -19,7 +21,9 @@ fn bench(c: &mut Criterion) {
     let rows = model.meta.features.transform_all(&data[..cfg.window]).unwrap();
     let mut g = c.benchmark_group("lstm_ae_score_window");
     g.bench_function("full_w32_h32", |b| b.iter(|| model.score_window(std::hint::black_box(&rows)).unwrap()));
-    g.bench_function("pruned_w32_h19", |b| b.iter(|| pruned.score_window(std::hint::black_box(&rows)).unwrap()));
+    g.bench_function("pruned_w32_h19", |b| {
+        b.iter(|| pruned.score_window(std::hint::black_box(&rows)).unwrap())
+    });
     g.finish();
 }
 

@@ -70,7 +70,11 @@ fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
 }
 
 /// Severity of the window anomaly score, calibrated like the autoencoder's: POT on the probation scores.
-fn window_severity(values: &[f64], window: usize, probation: usize) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
+fn window_severity(
+    values: &[f64],
+    window: usize,
+    probation: usize,
+) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
     let mut det = WindowAnomaly::new(window)?;
     let raw: Vec<Option<f64>> =
         values.iter().map(|&v| det.push(v).map(|s| s.map(|s| s.score))).collect::<Result<_, _>>()?;
@@ -186,7 +190,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("| LSTM-AE | parameters | latency per window (batch 1) | window F1 at severity 0.6 (P / R) |");
     println!("|---|---|---|---|");
-    println!("| full | {params} | {:.3} ms | {:.3} ({:.3} / {:.3}) |", lat_full / n * 1e3, a.f1, a.precision, a.recall);
+    println!(
+        "| full | {params} | {:.3} ms | {:.3} ({:.3} / {:.3}) |",
+        lat_full / n * 1e3,
+        a.f1,
+        a.precision,
+        a.recall
+    );
     println!(
         "| pruned, keep {} + {} epochs fine-tune | {params_pruned} | {:.3} ms | {:.3} ({:.3} / {:.3}) |",
         o.prune,

@@ -45,7 +45,8 @@ impl WindowF1 {
 /// Scores `detected` (one flag per row) against inclusive row windows; rows before `from` are ignored.
 pub fn window_f1(detected: &[bool], windows: &[(usize, usize)], from: usize) -> WindowF1 {
     let inside = |i: usize| windows.iter().any(|&(a, b)| a <= i && i <= b);
-    let tp = windows.iter().filter(|&&(a, b)| (a.max(from)..=b).any(|i| detected.get(i) == Some(&true))).count();
+    let tp =
+        windows.iter().filter(|&&(a, b)| (a.max(from)..=b).any(|i| detected.get(i) == Some(&true))).count();
     let mut fp = 0;
     let mut in_run = false;
     for (i, &d) in detected.iter().enumerate().skip(from) {
@@ -59,11 +60,17 @@ pub fn window_f1(detected: &[bool], windows: &[(usize, usize)], from: usize) -> 
 }
 
 /// Row index ranges of timestamp windows (`2014-01-01 00:00:00.000000` matches `2014-01-01 00:00:00`).
-pub fn window_rows(timestamps: &[String], windows: &[(String, String)]) -> Result<Vec<(usize, usize)>, String> {
+pub fn window_rows(
+    timestamps: &[String],
+    windows: &[(String, String)],
+) -> Result<Vec<(usize, usize)>, String> {
     let key = |s: &str| s.trim().split('.').next().unwrap_or("").to_string();
     let find = |t: &str| {
         let k = key(t);
-        timestamps.iter().position(|x| key(x) == k).ok_or_else(|| format!("window limit {t} is not a timestamp of the data"))
+        timestamps
+            .iter()
+            .position(|x| key(x) == k)
+            .ok_or_else(|| format!("window limit {t} is not a timestamp of the data"))
     };
     windows.iter().map(|(a, b)| Ok((find(a)?, find(b)?))).collect()
 }

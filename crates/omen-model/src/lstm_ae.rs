@@ -237,7 +237,8 @@ pub struct LstmAutoencoder {
 /// Windows (rows `start..start+len` for every start) as a [n, len, width] float tensor.
 fn windows_tensor(rows: &[Vec<f64>], len: usize, stride: usize) -> Tensor {
     let width = rows.first().map_or(0, Vec::len);
-    let starts: Vec<usize> = if rows.len() >= len { (0..=rows.len() - len).step_by(stride).collect() } else { vec![] };
+    let starts: Vec<usize> =
+        if rows.len() >= len { (0..=rows.len() - len).step_by(stride).collect() } else { vec![] };
     let mut flat = Vec::with_capacity(starts.len() * len * width);
     for &s in &starts {
         for row in &rows[s..s + len] {
@@ -307,10 +308,15 @@ impl LstmAutoencoder {
         let (train_x, val_x) = split_windows(&rows, cfg)?;
         tch::manual_seed(cfg.seed);
         let vs = nn::VarStore::new(Device::Cpu);
-        let dims =
-            Dims { input: features.width(), hidden: cfg.hidden, latent: cfg.latent, decoder_hidden: cfg.decoder_hidden };
+        let dims = Dims {
+            input: features.width(),
+            hidden: cfg.hidden,
+            latent: cfg.latent,
+            decoder_hidden: cfg.decoder_hidden,
+        };
         let net = Net::new(&vs.root(), dims);
-        let placeholder = PotThreshold { initial: 0.0, shape: 0.0, scale: 0.0, threshold: 0.0, risk: cfg.pot_risk };
+        let placeholder =
+            PotThreshold { initial: 0.0, shape: 0.0, scale: 0.0, threshold: 0.0, risk: cfg.pot_risk };
         let meta = ModelMeta {
             format: FORMAT_NAME.into(),
             version: FORMAT_VERSION,
@@ -348,7 +354,9 @@ impl LstmAutoencoder {
         let cfg = self.meta.config.clone();
         let mut opt = nn::Adam::default().build(&self.vs, cfg.learning_rate)?;
         let n = train_x.size()[0];
-        let mut best: Option<(f64, f64, usize, Vec<(String, Tensor)>)> = None;
+        // (val loss, train loss, epoch, weights) of the best epoch so far.
+        type Best = (f64, f64, usize, Vec<(String, Tensor)>);
+        let mut best: Option<Best> = None;
         let mut since_best = 0;
         let mut run = 0;
         for epoch in 1..=epochs {
@@ -442,8 +450,12 @@ impl LstmAutoencoder {
     /// Reconstruction error of one window of feature rows (not yet normalised), oldest first.
     pub fn score_window(&self, feature_rows: &[Vec<f64>]) -> Result<f64, LstmError> {
         if feature_rows.len() != self.window() {
-            return Err(ModelError::TooFew { what: "rows in the window", have: feature_rows.len(), need: self.window() }
-                .into());
+            return Err(ModelError::TooFew {
+                what: "rows in the window",
+                have: feature_rows.len(),
+                need: self.window(),
+            }
+            .into());
         }
         let rows = self.meta.normalizer.transform(feature_rows)?;
         let x = windows_tensor(&rows, rows.len(), 1);
@@ -495,7 +507,8 @@ impl LstmAutoencoder {
             .map_err(|e| file_err(format!("metadata is not bytes ({e})"), RETRAIN))?;
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| file_err(format!("metadata is not JSON ({e})"), RETRAIN))?;
-        let (format, version) = (value.get("format").and_then(|v| v.as_str()), value.get("version").and_then(|v| v.as_u64()));
+        let (format, version) =
+            (value.get("format").and_then(|v| v.as_str()), value.get("version").and_then(|v| v.as_u64()));
         if format != Some(FORMAT_NAME) {
             return Err(file_err(format!("format is {format:?}, expected {FORMAT_NAME:?}"), RETRAIN));
         }
@@ -505,8 +518,9 @@ impl LstmAutoencoder {
                 RETRAIN,
             ));
         }
-        let meta: ModelMeta = serde_json::from_value(value)
-            .map_err(|e| file_err(format!("metadata does not match version {FORMAT_VERSION} ({e})"), RETRAIN))?;
+        let meta: ModelMeta = serde_json::from_value(value).map_err(|e| {
+            file_err(format!("metadata does not match version {FORMAT_VERSION} ({e})"), RETRAIN)
+        })?;
         let vs = nn::VarStore::new(Device::Cpu);
         let net = Net::new(&vs.root(), meta.dims);
         let vars = vs.variables();
@@ -521,7 +535,11 @@ impl LstmAutoencoder {
                 };
                 if var.size() != t.size() {
                     return Err(file_err(
-                        format!("tensor {name} has shape {:?}, the metadata implies {:?}", t.size(), var.size()),
+                        format!(
+                            "tensor {name} has shape {:?}, the metadata implies {:?}",
+                            t.size(),
+                            var.size()
+                        ),
                         RETRAIN,
                     ));
                 }
@@ -553,7 +571,15 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn small_config() -> LstmAeConfig {
-        LstmAeConfig { window: 24, hidden: 16, decoder_hidden: 16, latent: 4, epochs: 40, patience: 6, ..Default::default() }
+        LstmAeConfig {
+            window: 24,
+            hidden: 16,
+            decoder_hidden: 16,
+            latent: 4,
+            epochs: 40,
+            patience: 6,
+            ..Default::default()
+        }
     }
 
     /// libtorch's generator is global: tests that train take turns so each run is seeded alike.
@@ -576,7 +602,12 @@ pub(crate) mod tests {
         let normal = m.score_series(&test).unwrap();
         let normal: Vec<f64> = normal.into_iter().flatten().collect();
         let above = normal.iter().filter(|&&e| e > m.meta.pot.threshold).count();
-        assert!(above <= normal.len() / 50, "{above} of {} normal windows above {:?}", normal.len(), m.meta.pot);
+        assert!(
+            above <= normal.len() / 50,
+            "{above} of {} normal windows above {:?}",
+            normal.len(),
+            m.meta.pot
+        );
         for row in &mut test[200..206] {
             row[0] += 3.0;
         }

@@ -71,12 +71,21 @@ impl LstmAutoencoder {
         fine_tune_epochs: usize,
     ) -> Result<(Self, PruneReport), LstmError> {
         if !(keep > 0.0 && keep <= 1.0) {
-            return Err(ModelError::Parameter { parameter: "keep", reason: format!("{keep} must be in (0, 1]") }.into());
+            return Err(ModelError::Parameter {
+                parameter: "keep",
+                reason: format!("{keep} must be in (0, 1]"),
+            }
+            .into());
         }
         let old = self.vs.variables();
         let d = self.meta.dims;
         let enc_k = top_k(
-            &unit_norms(&old["encoder.weight_ih_l0"], &old["encoder.weight_hh_l0"], &old["to_latent.weight"], d.hidden as i64),
+            &unit_norms(
+                &old["encoder.weight_ih_l0"],
+                &old["encoder.weight_hh_l0"],
+                &old["to_latent.weight"],
+                d.hidden as i64,
+            ),
             kept_units(d.hidden, keep),
         );
         let dec_k = top_k(
@@ -95,7 +104,10 @@ impl LstmAutoencoder {
         let slice_lstm = |prefix: &str, kept: &[usize], hidden: usize| -> Vec<(String, Tensor)> {
             let (rows, cols) = (gate_rows(kept, hidden), index(kept));
             vec![
-                (format!("{prefix}.weight_ih_l0"), old[&format!("{prefix}.weight_ih_l0")].index_select(0, &rows)),
+                (
+                    format!("{prefix}.weight_ih_l0"),
+                    old[&format!("{prefix}.weight_ih_l0")].index_select(0, &rows),
+                ),
                 (
                     format!("{prefix}.weight_hh_l0"),
                     old[&format!("{prefix}.weight_hh_l0")].index_select(0, &rows).index_select(1, &cols),
@@ -155,9 +167,11 @@ mod tests {
         assert_eq!(r.parameters_after, p.parameter_count());
         // The kept units are the largest by L1 norm.
         let v = m.vs.variables();
-        let norms = unit_norms(&v["encoder.weight_ih_l0"], &v["encoder.weight_hh_l0"], &v["to_latent.weight"], 16);
+        let norms =
+            unit_norms(&v["encoder.weight_ih_l0"], &v["encoder.weight_hh_l0"], &v["to_latent.weight"], 16);
         let min_kept = r.encoder_kept.iter().map(|&i| norms[i]).fold(f64::INFINITY, f64::min);
-        let max_dropped = (0..16).filter(|i| !r.encoder_kept.contains(i)).map(|i| norms[i]).fold(0.0, f64::max);
+        let max_dropped =
+            (0..16).filter(|i| !r.encoder_kept.contains(i)).map(|i| norms[i]).fold(0.0, f64::max);
         assert!(min_kept >= max_dropped);
         // Still reconstructs: test error on normal data stays near the full model's, far below
         // the variance (1) of normalised data.
