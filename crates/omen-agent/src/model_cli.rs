@@ -75,8 +75,8 @@ pub struct TrainArgs {
     /// Fine-tune epochs after pruning.
     #[arg(long, default_value_t = 5)]
     pub fine_tune: usize,
-    /// libtorch threads.
-    #[arg(long, default_value_t = 2)]
+    /// libtorch threads (1 is fastest for these small LSTMs; more threads only add sync overhead).
+    #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// No progress bar (it is only drawn when stderr is a terminal anyway).
     #[arg(long)]
@@ -98,8 +98,8 @@ pub struct EvaluateArgs {
     /// Also write timestamp,anomaly_score (severity) as CSV here.
     #[arg(long)]
     pub scores: Option<PathBuf>,
-    /// libtorch threads.
-    #[arg(long, default_value_t = 2)]
+    /// libtorch threads (1 is fastest for these small LSTMs; more threads only add sync overhead).
+    #[arg(long, default_value_t = 1)]
     pub threads: usize,
 }
 

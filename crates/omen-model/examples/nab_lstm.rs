@@ -6,8 +6,9 @@
 //!
 //! Usage: `cargo run --release -p omen-model --features torch --example nab_lstm -- [OPTIONS]`
 //! Options: `--features raw,diff,mean:8,std:8` `--window 32` `--hidden 32` `--latent 8`
-//! `--epochs 60` `--batch 32` `--stride 1` `--lr 0.005` `--patience 8` `--threads 2` `--prune 0.6`
-//! `--fine-tune 5` `--anomaly-window 64` `--only SUBSTRING` (files whose path contains it).
+//! `--epochs 60` `--batch 32` `--stride 1` `--lr 0.005` `--patience 8` `--threads 1` `--prune 0.6`
+//! `--fine-tune 5` `--anomaly-window 64` `--only SUBSTRING` (files whose path contains it) `--new-highs K` (report only scores above
+//! every score of the previous K rows; 0 = off).
 //! OMEN_NAB_DIR overrides the data directory (default ../shared/data/nab beside the repository).
 
 use std::path::PathBuf;
@@ -30,17 +31,19 @@ struct Opts {
     fine_tune: usize,
     anomaly_window: usize,
     only: Option<String>,
+    new_highs: usize,
 }
 
 fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
     let mut o = Opts {
         features: "raw,diff".into(),
         cfg: LstmAeConfig::default(),
-        threads: 2,
+        threads: 1,
         prune: omen_model::prune::DEFAULT_KEEP,
         fine_tune: 5,
         anomaly_window: 64,
         only: None,
+        new_highs: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -58,6 +61,7 @@ fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
             "--lr" => o.cfg.learning_rate = v.parse()?,
             "--patience" => o.cfg.patience = v.parse()?,
             "--only" => o.only = Some(v.clone()),
+            "--new-highs" => o.new_highs = v.parse()?,
             "--epochs" => o.cfg.epochs = v.parse()?,
             "--threads" => o.threads = v.parse()?,
             "--prune" => o.prune = v.parse()?,
@@ -67,6 +71,24 @@ fn parse() -> Result<Opts, Box<dyn std::error::Error>> {
         }
     }
     Ok(o)
+}
+
+/// Keeps a score only where it exceeds every score of the previous `k` rows (0 elsewhere):
+/// a causal report of new highs, so a lasting excursion is reported once. `k` = 0 keeps all.
+fn new_highs(scores: Vec<f64>, k: usize) -> Vec<f64> {
+    if k == 0 {
+        return scores;
+    }
+    (0..scores.len())
+        .map(|i| {
+            let prev = scores[i.saturating_sub(k)..i].iter().copied().fold(0.0, f64::max);
+            if scores[i] > prev {
+                scores[i]
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 /// Severity of the window anomaly score, calibrated like the autoencoder's: POT on the probation scores.
@@ -93,7 +115,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/nab"));
     let corpus = NabCorpus::load(&dir)?;
-    let names = ["window score", "LSTM-AE", "combined max(window, LSTM-AE)", "LSTM-AE pruned"];
+    let names = [
+        "window score",
+        "LSTM-AE severity",
+        "combined max(window, LSTM-AE) severities",
+        "LSTM-AE pruned severity",
+        "LSTM-AE error, window score of it",
+        "combined max(window, LSTM-AE error window)",
+    ];
     let mut det: Vec<Files> = vec![Vec::new(); names.len()];
     let mut published: Vec<(&str, Files)> = vec![("numenta", Vec::new()), ("null", Vec::new())];
     let (mut f1_full, mut f1_pruned) = ((0, 0, 0), (0, 0, 0));
@@ -139,6 +168,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let (squashed, wsev) = window_severity(&values, o.anomaly_window, probation)?;
             let combined: Vec<f64> = wsev.iter().zip(&lstm).map(|(a, b)| a.max(*b)).collect();
+            // The error judged against its own recent past (as NAB's HTM judges its raw score by
+            // its anomaly likelihood): omen's window score over the error series, squashed.
+            let errors: Vec<f64> = model.score_series(&raw)?.into_iter().map(|e| e.unwrap_or(0.0)).collect();
+            let mut on_errors = WindowAnomaly::new(o.anomaly_window)?;
+            let lstm_w: Vec<f64> = errors
+                .iter()
+                .map(|&e| on_errors.push(e).map(|s| s.map_or(0.0, |s| s.score / (1.0 + s.score))))
+                .collect::<Result<_, _>>()?;
+            let combined_w: Vec<f64> = squashed.iter().zip(&lstm_w).map(|(a, b)| a.max(*b)).collect();
             let rows = window_rows(&ts, corpus.windows_of(&rel)?)?;
             for (acc, s) in [(&mut f1_full, &lstm), (&mut f1_pruned, &lstm_p)] {
                 let d: Vec<bool> = s.iter().map(|&x| x >= 0.6).collect();
@@ -152,8 +190,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 model.meta.training.best_epoch,
                 model.meta.pot.threshold
             );
-            for (i, s) in [squashed, lstm, combined, lstm_p].into_iter().enumerate() {
-                det[i].push((rel.clone(), ts.clone(), s));
+            for (i, s) in [squashed, lstm, combined, lstm_p, lstm_w, combined_w].into_iter().enumerate() {
+                det[i].push((rel.clone(), ts.clone(), new_highs(s, o.new_highs)));
             }
             for (pname, files) in &mut published {
                 let res = dir.join("results").join(*pname).join(sub).join(format!("{pname}_{name}"));
