@@ -82,6 +82,8 @@ e2e: setup-rust setup-apt setup-torch
 lint: setup-rust setup-torch
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) build -p omen-agent --no-default-features
+	$(CARGO) clippy -p omen-agent --no-default-features --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
