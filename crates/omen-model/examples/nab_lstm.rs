@@ -179,7 +179,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect::<Result<_, _>>()?;
             // Unsaturated calibration: 0.5 at the POT threshold, the ranking kept everywhere.
             let t = model.meta.pot.threshold;
-            let lstm_ratio: Vec<f64> = errors.iter().map(|&e| if e > 0.0 { e / (e + t) } else { 0.0 }).collect();
+            let lstm_ratio: Vec<f64> =
+                errors.iter().map(|&e| if e > 0.0 { e / (e + t) } else { 0.0 }).collect();
             let combined_w: Vec<f64> = squashed.iter().zip(&lstm_w).map(|(a, b)| a.max(*b)).collect();
             let rows = window_rows(&ts, corpus.windows_of(&rel)?)?;
             for (acc, s) in [(&mut f1_full, &lstm), (&mut f1_pruned, &lstm_p)] {
@@ -194,7 +195,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 model.meta.training.best_epoch,
                 model.meta.pot.threshold
             );
-            for (i, s) in [squashed, lstm, combined, lstm_p, lstm_w, combined_w, lstm_ratio].into_iter().enumerate() {
+            for (i, s) in
+                [squashed, lstm, combined, lstm_p, lstm_w, combined_w, lstm_ratio].into_iter().enumerate()
+            {
                 det[i].push((rel.clone(), ts.clone(), new_highs(s, o.new_highs)));
             }
             for (pname, files) in &mut published {
