@@ -193,14 +193,19 @@ impl Engine {
             .filter(|(_, st)| now_ms - st.last_ts <= STALE_MS)
             .map(|(k, st)| (k.to_string(), st.last_value))
             .collect();
-        if let crate::lstm_live::Tick::Scored { severity, .. } = model.tick(|s| latest.get(s).copied())? {
-            self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
-            out.push(Sample {
-                ts_ms: now_ms,
-                signal: "lstm_ae_score".into(),
-                labels: BTreeMap::new(),
-                value: severity,
-            });
+        match model.tick(|s| latest.get(s).copied())? {
+            crate::lstm_live::Tick::Scored { severity, .. } => {
+                self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
+                out.push(Sample {
+                    ts_ms: now_ms,
+                    signal: "lstm_ae_score".into(),
+                    labels: BTreeMap::new(),
+                    value: severity,
+                });
+            }
+            // A source went silent: an old score must not hold the health score up.
+            crate::lstm_live::Tick::Missing => self.live.remove_gauge("lstm_ae_score", &Vec::new()),
+            crate::lstm_live::Tick::Filling => {}
         }
         Ok(())
     }
