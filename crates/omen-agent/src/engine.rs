@@ -182,6 +182,12 @@ impl Engine {
         &self.events
     }
 
+    /// Writes the store's open minute aggregates (at shutdown).
+    pub fn flush(&self) -> Result<()> {
+        self.store.flush()?;
+        Ok(())
+    }
+
     /// Event time: the newest timestamp processed.
     pub fn clock_ms(&self) -> i64 {
         self.clock_ms

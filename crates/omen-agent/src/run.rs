@@ -113,6 +113,10 @@ pub async fn start(cfg: Config) -> Result<Agent> {
                 }
             }
             pipeline_ready.store(false, Ordering::Relaxed);
+            // The open minute aggregates; they would be rebuilt from raw samples anyway.
+            if let Err(e) = engine.flush() {
+                error!("pipeline: open minute aggregates not written at shutdown: {e:#}");
+            }
             Ok(())
         })?;
 

@@ -229,4 +229,15 @@ fn kill_9_loses_nothing_acknowledged() {
         omen_agent::store::Store::open(&dir.path().join("omen.db")).unwrap().count("acked").unwrap() as u64;
     assert_eq!(acked, 1000);
     assert_eq!(stored, acked);
+    // The open minutes were rebuilt from raw samples: minute aggregates equal the raw means.
+    let store = omen_agent::store::Store::open(&dir.path().join("omen.db")).unwrap();
+    let until = store.latest_ts().unwrap().unwrap() + 1;
+    // Minute-aligned, so that each raw bucket is one whole minute.
+    let since = (until - 3_600_000).div_euclid(60_000) * 60_000;
+    let all = std::collections::BTreeMap::new();
+    use omen_agent::store::Resolution;
+    let minute = store.range("acked", &all, since, until, 60_000, Resolution::Minute).unwrap();
+    let raw = store.range("acked", &all, since, until, 60_000, Resolution::Raw).unwrap();
+    assert_eq!(minute.len(), 50);
+    assert_eq!(minute, raw);
 }
