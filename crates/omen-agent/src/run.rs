@@ -128,6 +128,8 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         token: token.map(Arc::from),
         summary,
         ready,
+        latest: Arc::default(),
+        store_reads: Arc::new(tokio::sync::Semaphore::new(http::STORE_READS)),
     };
     let mut servers = Vec::new();
     let api = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {

@@ -109,6 +109,34 @@ async fn ingest_query_and_export() {
         .iter()
         .any(|s| s["signal"] == "tle_bits" && (s["value"].as_f64().unwrap() - 2.0).abs() < 1e-6));
     assert!(latest["health"]["health_score"].as_f64().is_some(), "{latest}");
+    // filtered by signal and labels: only the matching series, the same shape
+    let only: Value = c
+        .get(format!("{base}/scores/latest?signal=kvf_ratio&layer=3"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let signals = only["signals"].as_array().unwrap();
+    assert_eq!(signals.len(), 1, "{only}");
+    assert_eq!(signals[0]["labels"], json!({"gpu": "0", "layer": "3"}));
+    assert!((signals[0]["value"].as_f64().unwrap() - 13.0 / 7.0).abs() < 1e-12);
+    assert_eq!(only["health"], latest["health"]);
+    assert_eq!(only["ts"], latest["ts"]);
+    let r = c.get(format!("{base}/scores/latest?signal=Bad-Name")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    // a new value shows in the next /scores/latest (the cached body follows the gauges)
+    let r = c
+        .post(format!("{base}/v1/ingest/samples"))
+        .json(&json!({"samples": [{"signal": "queue_depth", "value": 9}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let depth: Value =
+        c.get(format!("{base}/scores/latest?signal=queue_depth")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(depth["signals"][0]["value"], 9.0, "{depth}");
 
     // /metrics on the metrics listener, OpenMetrics
     let r = c.get(format!("http://{}/metrics", agent.metrics_addr.unwrap())).send().await.unwrap();
