@@ -7,11 +7,11 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::Result;
 use omen_signals::{days_to_breach, theil_sen, BreachDirection, WindowAnomaly};
-use omen_sources::{Sample, SeriesKey};
+use omen_sources::Sample;
 use serde::Serialize;
 
 use crate::config::{Config, Direction, SloConfig, SloIndicator};
-use crate::metrics::{Labels, LiveMetrics};
+use crate::metrics::{GaugeHandle, Labels, LiveMetrics};
 use crate::store::{Store, DAY_MS};
 
 /// Signals the engine itself produces; they are not scored again.
@@ -128,14 +128,22 @@ struct SeriesState {
     last_score: f64,
     last_value: f64,
     last_ts: i64,
+    /// Live gauge of the series' value and of its anomaly score (None past the series limit).
+    value_gauge: Option<GaugeHandle>,
+    anomaly_gauge: Option<GaugeHandle>,
+    /// The series' labels plus `signal`: the labels of its anomaly score.
+    anomaly_labels: BTreeMap<String, String>,
 }
+
+/// Scored series by signal, then labels: looked up by reference, without building a key.
+type SeriesMap = HashMap<String, HashMap<BTreeMap<String, String>, SeriesState>>;
 
 /// The pipeline state.
 pub struct Engine {
     cfg: Arc<Config>,
     store: Arc<Store>,
     live: Arc<LiveMetrics>,
-    series: HashMap<SeriesKey, SeriesState>,
+    series: SeriesMap,
     gpu_memory: HashMap<String, (Option<f64>, Option<f64>)>,
     clock_ms: i64,
     last_tick_ms: Option<i64>,
@@ -209,24 +217,42 @@ impl Engine {
         };
         for s in &samples {
             self.clock_ms = self.clock_ms.max(s.ts_ms);
-            let labels = to_labels(&s.labels);
-            self.live.set_gauge(&s.signal, labels.clone(), s.value);
             self.observe_special(s, &mut derived);
             if DERIVED.contains(&s.signal.as_str()) {
+                self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value);
                 keep_raw.push(true);
                 continue;
             }
-            let key = s.series_key();
             let window = self.cfg.signals.window;
-            let state = self.series.entry(key).or_insert_with(|| SeriesState {
-                scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
-                onset: None,
-                last_raw_ms: None,
-                last_anomaly_raw_ms: None,
-                last_score: 0.0,
-                last_value: s.value,
-                last_ts: s.ts_ms,
-            });
+            let state = match self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+                Some(state) => state,
+                None => {
+                    let mut anomaly_labels = s.labels.clone();
+                    anomaly_labels.insert("signal".into(), s.signal.clone());
+                    let state = SeriesState {
+                        scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
+                        onset: None,
+                        last_raw_ms: None,
+                        last_anomaly_raw_ms: None,
+                        last_score: 0.0,
+                        last_value: s.value,
+                        last_ts: s.ts_ms,
+                        value_gauge: self.live.gauge_handle(&s.signal, to_labels(&s.labels), s.value),
+                        anomaly_gauge: None,
+                        anomaly_labels,
+                    };
+                    let family = match self.series.get_mut(&s.signal) {
+                        Some(f) => f,
+                        None => self.series.entry(s.signal.clone()).or_default(),
+                    };
+                    family.entry(s.labels.clone()).or_insert(state)
+                }
+            };
+            match &state.value_gauge {
+                Some(g) => g.set(s.value),
+                // Past the series limit: set_gauge counts the shed sample.
+                None => self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value),
+            }
             state.last_value = s.value;
             state.last_ts = s.ts_ms;
             keep_raw.push(keep(&mut state.last_raw_ms, s.ts_ms));
@@ -234,14 +260,21 @@ impl Engine {
             if let Some(score) = state.scorer.push(s.value)? {
                 state.last_score = score.score;
                 track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &score);
-                let mut a_labels = s.labels.clone();
-                a_labels.insert("signal".into(), s.signal.clone());
-                self.live.set_gauge("anomaly_score", to_labels(&a_labels), score.score);
+                match &state.anomaly_gauge {
+                    Some(g) => g.set(score.score),
+                    None => {
+                        state.anomaly_gauge = self.live.gauge_handle(
+                            "anomaly_score",
+                            to_labels(&state.anomaly_labels),
+                            score.score,
+                        )
+                    }
+                }
                 let keep_score = keep(&mut state.last_anomaly_raw_ms, s.ts_ms);
                 let anomaly = Sample {
                     ts_ms: s.ts_ms,
                     signal: "anomaly_score".into(),
-                    labels: a_labels,
+                    labels: state.anomaly_labels.clone(),
                     value: score.score,
                 };
                 derived.push((anomaly, keep_score));
@@ -324,10 +357,11 @@ impl Engine {
         let mut contributors: Vec<Contributor> = self
             .series
             .iter()
-            .filter(|(_, st)| now_ms - st.last_ts <= STALE_MS)
-            .map(|(key, st)| Contributor {
-                signal: key.signal.clone(),
-                labels: key.labels.clone(),
+            .flat_map(|(signal, family)| family.iter().map(move |(labels, st)| (signal, labels, st)))
+            .filter(|(_, _, st)| now_ms - st.last_ts <= STALE_MS)
+            .map(|(signal, labels, st)| Contributor {
+                signal: signal.clone(),
+                labels: labels.clone(),
                 risk: self.risk_of(st),
                 anomaly_score: st.last_score,
                 value: st.last_value,
