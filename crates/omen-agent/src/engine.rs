@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::config::{Config, Direction, SloConfig, SloIndicator};
 use crate::metrics::{GaugeHandle, Labels, LiveMetrics};
-use crate::store::{Store, DAY_MS};
+use crate::store::{SeriesId, Store, DAY_MS};
 
 /// Signals the engine itself produces; they are not scored again.
 const DERIVED: &[&str] = &[
@@ -133,6 +133,9 @@ struct SeriesState {
     anomaly_gauge: Option<GaugeHandle>,
     /// The series' labels plus `signal`: the labels of its anomaly score.
     anomaly_labels: BTreeMap<String, String>,
+    /// Store ids of the series and of its anomaly score, once the store has them.
+    store_id: Option<SeriesId>,
+    anomaly_store_id: Option<SeriesId>,
 }
 
 /// Scored series by signal, then labels: looked up by reference, without building a key.
@@ -207,6 +210,10 @@ impl Engine {
         // (sample, keep raw) for what the engine derives: anomaly scores, VRAM headroom.
         let mut derived: Vec<(Sample, bool)> = Vec::new();
         let mut keep_raw = Vec::with_capacity(samples.len());
+        // Store ids known for the samples, so that the store looks up only new series;
+        // (derived index, id, index of the scored sample) for the anomaly scores.
+        let mut ids: Vec<Option<SeriesId>> = Vec::with_capacity(samples.len());
+        let mut anomaly_ids: Vec<(usize, Option<SeriesId>, usize)> = Vec::new();
         let raw_every = self.cfg.store.raw_min_interval.as_millis() as i64;
         let keep = |last: &mut Option<i64>, ts: i64| {
             let k = last.is_none_or(|l| ts - l >= raw_every || ts < l);
@@ -215,12 +222,13 @@ impl Engine {
             }
             k
         };
-        for s in &samples {
+        for (i, s) in samples.iter().enumerate() {
             self.clock_ms = self.clock_ms.max(s.ts_ms);
             self.observe_special(s, &mut derived);
             if DERIVED.contains(&s.signal.as_str()) {
                 self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value);
                 keep_raw.push(true);
+                ids.push(None);
                 continue;
             }
             let window = self.cfg.signals.window;
@@ -240,6 +248,8 @@ impl Engine {
                         value_gauge: self.live.gauge_handle(&s.signal, to_labels(&s.labels), s.value),
                         anomaly_gauge: None,
                         anomaly_labels,
+                        store_id: None,
+                        anomaly_store_id: None,
                     };
                     let family = match self.series.get_mut(&s.signal) {
                         Some(f) => f,
@@ -256,6 +266,7 @@ impl Engine {
             state.last_value = s.value;
             state.last_ts = s.ts_ms;
             keep_raw.push(keep(&mut state.last_raw_ms, s.ts_ms));
+            ids.push(state.store_id);
             // Values were validated as finite by every source; a failure here is a bug upstream.
             if let Some(score) = state.scorer.push(s.value)? {
                 state.last_score = score.score;
@@ -277,6 +288,7 @@ impl Engine {
                     labels: state.anomaly_labels.clone(),
                     value: score.score,
                 };
+                anomaly_ids.push((derived.len(), state.anomaly_store_id, i));
                 derived.push((anomaly, keep_score));
             }
         }
@@ -286,8 +298,28 @@ impl Engine {
         for (sample, keep) in derived {
             all.push(sample);
             flags.push(keep);
+            ids.push(None);
         }
-        self.store.insert_with_raw(&all, &flags)?;
+        for &(k, id, _) in &anomaly_ids {
+            ids[n + k] = id;
+        }
+        let unknown: Vec<usize> = (0..n).filter(|&i| ids[i].is_none()).collect();
+        let unknown_anomaly: Vec<(usize, usize)> =
+            anomaly_ids.iter().filter(|a| a.1.is_none()).map(|&(k, _, i)| (n + k, i)).collect();
+        self.store.insert_with_ids(&all, &flags, &mut ids)?;
+        // Committed: remember the ids of series new to the engine (the rare, slow path).
+        for i in unknown {
+            let s = &all[i];
+            if let Some(st) = self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+                st.store_id = ids[i];
+            }
+        }
+        for (j, i) in unknown_anomaly {
+            let s = &all[i];
+            if let Some(st) = self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+                st.anomaly_store_id = ids[j];
+            }
+        }
         self.live.samples_ingested.inc_by(n as u64);
         let due = match self.last_tick_ms {
             None => true,

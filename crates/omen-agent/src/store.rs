@@ -94,6 +94,9 @@ pub struct RangeSeries {
     pub points: Vec<(i64, f64)>,
 }
 
+/// Identity of a stored series, as [`Store::insert_with_ids`] hands it out.
+pub type SeriesId = i64;
+
 /// Reader connections handed out one request at a time; a caller waits for a free one.
 struct ReaderPool {
     idle: Mutex<Vec<Connection>>,
@@ -158,7 +161,34 @@ pub struct Store {
 struct Writer {
     conn: Connection,
     series_ids: SeriesIds,
-    minutes: HashMap<i64, SeriesMinutes>,
+    minutes: MinuteTable,
+}
+
+/// The minute state of every series, indexed by series id: ids are SQLite rowids handed
+/// out as max + 1, so they are dense and a vector beats a hash map on the per-sample path.
+#[derive(Default)]
+struct MinuteTable(Vec<SeriesMinutes>);
+
+impl MinuteTable {
+    fn get(&self, id: i64) -> Option<&SeriesMinutes> {
+        usize::try_from(id).ok().and_then(|i| self.0.get(i))
+    }
+
+    fn slot(&mut self, id: i64) -> &mut SeriesMinutes {
+        let i = usize::try_from(id).expect("series ids are rowids >= 1");
+        if i >= self.0.len() {
+            self.0.resize(i + 1, SeriesMinutes::default());
+        }
+        &mut self.0[i]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (i64, &SeriesMinutes)> {
+        self.0.iter().enumerate().map(|(i, m)| (i as i64, m))
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut SeriesMinutes> {
+        self.0.iter_mut()
+    }
 }
 
 /// The minute-aggregate state of one series.
@@ -244,7 +274,7 @@ impl Store {
         }
         let mut series_ids = SeriesIds::new();
         let mut catalog = Catalog::new();
-        let mut minutes = HashMap::new();
+        let mut minutes = MinuteTable::default();
         {
             let mut stmt = conn.prepare("SELECT id, signal, labels FROM series ORDER BY id")?;
             let rows = stmt.query_map([], |r| {
@@ -256,7 +286,7 @@ impl Store {
                     serde_json::from_str(&labels).context("corrupt series labels in the store")?;
                 catalog.entry(signal.clone()).or_default().push((id, labels.clone()));
                 series_ids.entry(signal).or_default().insert(labels, id);
-                minutes.insert(id, recover_minutes(&conn, id)?);
+                *minutes.slot(id) = recover_minutes(&conn, id)?;
             }
         }
         let latest: Option<i64> = conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
@@ -287,14 +317,26 @@ impl Store {
     /// As [`Store::insert`], but samples whose `keep_raw` entry is false only update
     /// their minute aggregate (decimation of high-rate series). A shorter `keep_raw` keeps the rest raw.
     pub fn insert_with_raw(&self, samples: &[Sample], keep_raw: &[bool]) -> Result<()> {
+        self.insert_with_ids(samples, keep_raw, &mut vec![None; samples.len()])
+    }
+
+    /// As [`Store::insert_with_raw`], with the series id of each sample where the caller
+    /// knows it (saves the label lookup); it must come from this store. Unknown ids are
+    /// filled in; they are valid only when this returns Ok (a failed batch voids new ids).
+    pub fn insert_with_ids(
+        &self,
+        samples: &[Sample],
+        keep_raw: &[bool],
+        ids: &mut [Option<SeriesId>],
+    ) -> Result<()> {
         if samples.is_empty() {
             return Ok(());
         }
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let Writer { conn, series_ids, minutes } = &mut *w;
         let mut created: Vec<(i64, SeriesKey)> = Vec::new();
-        let mut undo: HashMap<i64, SeriesMinutes> = HashMap::new();
-        let result = insert_batch(conn, series_ids, minutes, &mut created, &mut undo, samples, keep_raw);
+        let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
+        let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
+        let Writer { series_ids, minutes, .. } = &mut *w;
         match result {
             Ok(newest_raw) => {
                 if let Some(ts) = newest_raw {
@@ -316,8 +358,9 @@ impl Store {
                         f.remove(&key.labels);
                     }
                 }
-                for (id, before) in undo {
-                    minutes.insert(id, before);
+                // Newest first, so that each series ends at its state before the batch.
+                for (id, before) in undo.into_iter().rev() {
+                    *minutes.slot(id) = before;
                 }
                 Err(e)
             }
@@ -453,7 +496,7 @@ impl Store {
             let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             tx.query_row("SELECT COUNT(*) FROM meta", [], |r| r.get::<_, i64>(0))?;
             for (id, _) in &selected {
-                if let Some(o) = w.minutes.get(id).and_then(|m| m.open) {
+                if let Some(o) = w.minutes.get(*id).and_then(|m| m.open) {
                     if o.0 >= since_ms && o.0 < until_ms {
                         open.insert(*id, o);
                     }
@@ -635,16 +678,16 @@ fn upsert_minute(
 }
 
 fn flush_open_minutes(w: &mut Writer) -> Result<usize> {
-    if w.minutes.values().all(|m| m.open.is_none()) {
+    if w.minutes.iter().all(|(_, m)| m.open.is_none()) {
         return Ok(0);
     }
     let tx = w.conn.transaction()?;
     let mut written = 0;
     {
         let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
-        for (id, m) in &w.minutes {
+        for (id, m) in w.minutes.iter() {
             if let Some((minute, fold)) = &m.open {
-                upsert_minute(&mut upsert, *id, *minute, fold)?;
+                upsert_minute(&mut upsert, id, *minute, fold)?;
                 written += 1;
             }
         }
@@ -659,16 +702,16 @@ fn flush_open_minutes(w: &mut Writer) -> Result<usize> {
 }
 
 /// Writes one batch in one transaction; returns the newest raw timestamp written. The
-/// open minutes are updated in place; `undo` keeps each touched series' state from before.
+/// open minutes are updated in place; `undo` records a series' state before each change.
 fn insert_batch(
-    conn: &mut Connection,
-    series_ids: &mut SeriesIds,
-    minutes: &mut HashMap<i64, SeriesMinutes>,
+    w: &mut Writer,
     created: &mut Vec<(i64, SeriesKey)>,
-    undo: &mut HashMap<i64, SeriesMinutes>,
+    undo: &mut Vec<(i64, SeriesMinutes)>,
     samples: &[Sample],
     keep_raw: &[bool],
+    ids: &mut [Option<SeriesId>],
 ) -> Result<Option<i64>> {
+    let Writer { conn, series_ids, minutes } = w;
     let tx = conn.transaction()?;
     let mut newest_raw: Option<i64> = None;
     {
@@ -679,8 +722,10 @@ fn insert_batch(
         // Samples for a minute that is no longer open (late or replayed data), folded per batch.
         let mut late: HashMap<(i64, i64), MinuteFold> = HashMap::new();
         for (i, s) in samples.iter().enumerate() {
-            let id = match series_ids.get(&s.signal).and_then(|f| f.get(&s.labels)) {
-                Some(&id) => id,
+            let known = ids.get(i).copied().flatten();
+            let id = match known.or_else(|| series_ids.get(&s.signal).and_then(|f| f.get(&s.labels)).copied())
+            {
+                Some(id) => id,
                 None => {
                     new_series.execute(params![s.signal, labels_json(&s.labels)])?;
                     let id = tx.last_insert_rowid();
@@ -693,13 +738,16 @@ fn insert_batch(
                     id
                 }
             };
+            if let Some(slot) = ids.get_mut(i) {
+                *slot = Some(id);
+            }
             if keep_raw.get(i).copied().unwrap_or(true) {
                 insert.execute(params![id, s.ts_ms, s.value])?;
                 newest_raw = Some(newest_raw.map_or(s.ts_ms, |t| t.max(s.ts_ms)));
             }
             let bucket = minute_of(s.ts_ms);
-            let m = minutes.entry(id).or_default();
-            undo.entry(id).or_insert(*m);
+            let m = minutes.slot(id);
+            undo.push((id, *m));
             match &mut m.open {
                 Some((open, fold)) if *open == bucket => fold.add(s.value),
                 open if open.is_none_or(|(o, _)| bucket > o) && m.newest_row.is_none_or(|r| bucket > r) => {
@@ -1009,6 +1057,24 @@ mod tests {
         assert!(q(&[("layer", "7")]).is_empty());
         assert!(q(&[("pool", "a")]).is_empty());
         assert_eq!(store.latest_ts().unwrap(), Some(t0));
+    }
+
+    #[test]
+    fn known_ids_skip_the_lookup_and_new_ones_are_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let batch = |ts: i64| vec![sample(ts, "kv", "0", 1.0), sample(ts, "kv", "1", 2.0)];
+        let mut ids = vec![None, None];
+        store.insert_with_ids(&batch(t0), &[], &mut ids).unwrap();
+        assert!(ids[0].is_some() && ids[1].is_some() && ids[0] != ids[1]);
+        let known = ids.clone();
+        store.insert_with_ids(&batch(t0 + 1000), &[], &mut ids).unwrap();
+        assert_eq!(ids, known);
+        let r = store.range("kv", &BTreeMap::new(), t0, t0 + 2000, 1000, Resolution::Raw).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].points, vec![(t0, 1.0), (t0 + 1000, 1.0)]);
+        assert_eq!(r[1].points, vec![(t0, 2.0), (t0 + 1000, 2.0)]);
     }
 
     #[test]
