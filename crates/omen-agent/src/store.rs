@@ -460,6 +460,14 @@ impl Store {
         Ok(out)
     }
 
+    /// How many stored series of `signal` have labels that include `matchers`.
+    pub fn series_matching(&self, signal: &str, matchers: &BTreeMap<String, String>) -> usize {
+        let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+        catalog.get(signal).map_or(0, |all| {
+            all.iter().filter(|(_, labels)| matchers.iter().all(|(k, v)| labels.get(k) == Some(v))).count()
+        })
+    }
+
     /// Mean per `step_ms` bucket of every series of `signal` whose labels include `matchers`, over [since, until).
     /// Only the matching series are read (their ids come from the series catalogue).
     pub fn range(
