@@ -94,6 +94,18 @@ async fn ingest_query_and_export() {
     assert_eq!(series.len(), 1);
     let v = series[0]["points"][0][1].as_f64().unwrap();
     assert!((v - 13.0 / 7.0).abs() < 1e-12, "{r}");
+    // a short span of one series takes the inline read path: the same answer
+    let short: Value = c
+        .get(format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-5m"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(short["series"].as_array().unwrap().len(), 1, "{short}");
+    assert_eq!(short["series"][0]["points"][0][1], series[0]["points"][0][1]);
+    assert_eq!(short["resolution"], "raw");
     let r = c.get(format!("{base}/scores?signal=kvf_ratio&since=yesterday")).send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.unwrap()["field"], "since");
