@@ -9,7 +9,8 @@
 //! once, when a sample of a later minute arrives (or at [`Store::flush`] / drop), so
 //! the store writes about one aggregate row per series per minute instead of one
 //! upsert per sample. Raw samples stay durable per batch; after a `kill -9` the open
-//! minute is rebuilt from the raw samples of that minute when the store reopens.
+//! minute is rebuilt from the raw samples of that minute when the store reopens. So
+//! one `Store` at a time per database file: a second one would hold the same open minutes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
