@@ -7,12 +7,12 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::Result;
 use omen_signals::{days_to_breach, theil_sen, BreachDirection, WindowAnomaly};
-use omen_sources::{Sample, SeriesKey};
+use omen_sources::Sample;
 use serde::Serialize;
 
 use crate::config::{Config, Direction, SloConfig, SloIndicator};
-use crate::metrics::{Labels, LiveMetrics};
-use crate::store::{Store, DAY_MS};
+use crate::metrics::{GaugeHandle, Labels, LiveMetrics};
+use crate::store::{SeriesId, Store, DAY_MS};
 
 /// Signals the engine itself produces; they are not scored again (nor used as model inputs).
 pub const DERIVED: &[&str] = &[
@@ -128,14 +128,25 @@ struct SeriesState {
     last_score: f64,
     last_value: f64,
     last_ts: i64,
+    /// Live gauge of the series' value and of its anomaly score (None past the series limit).
+    value_gauge: Option<GaugeHandle>,
+    anomaly_gauge: Option<GaugeHandle>,
+    /// The series' labels plus `signal`: the labels of its anomaly score.
+    anomaly_labels: BTreeMap<String, String>,
+    /// Store ids of the series and of its anomaly score, once the store has them.
+    store_id: Option<SeriesId>,
+    anomaly_store_id: Option<SeriesId>,
 }
+
+/// Scored series by signal, then labels: looked up by reference, without building a key.
+type SeriesMap = HashMap<String, HashMap<BTreeMap<String, String>, SeriesState>>;
 
 /// The pipeline state.
 pub struct Engine {
     cfg: Arc<Config>,
     store: Arc<Store>,
     live: Arc<LiveMetrics>,
-    series: HashMap<SeriesKey, SeriesState>,
+    series: SeriesMap,
     gpu_memory: HashMap<String, (Option<f64>, Option<f64>)>,
     clock_ms: i64,
     last_tick_ms: Option<i64>,
@@ -187,11 +198,16 @@ impl Engine {
     #[cfg(feature = "lstm")]
     fn score_model(&mut self, now_ms: i64, out: &mut Vec<Sample>) -> Result<()> {
         let Some(model) = self.model.as_mut() else { return Ok(()) };
+        // Keys as SeriesKey displays them (`signal{k="v"}`), the form the model names its sources in.
         let latest: HashMap<String, f64> = self
             .series
             .iter()
-            .filter(|(_, st)| now_ms - st.last_ts <= STALE_MS)
-            .map(|(k, st)| (k.to_string(), st.last_value))
+            .flat_map(|(signal, by_labels)| by_labels.iter().map(move |(labels, st)| (signal, labels, st)))
+            .filter(|(_, _, st)| now_ms - st.last_ts <= STALE_MS)
+            .map(|(signal, labels, st)| {
+                let key = omen_sources::SeriesKey { signal: signal.clone(), labels: labels.clone() };
+                (key.to_string(), st.last_value)
+            })
             .collect();
         match model.tick(|s| latest.get(s).copied())? {
             crate::lstm_live::Tick::Scored { severity, .. } => {
@@ -220,6 +236,12 @@ impl Engine {
         &self.events
     }
 
+    /// Writes the store's open minute aggregates (at shutdown).
+    pub fn flush(&self) -> Result<()> {
+        self.store.flush()?;
+        Ok(())
+    }
+
     /// Event time: the newest timestamp processed.
     pub fn clock_ms(&self) -> i64 {
         self.clock_ms
@@ -231,6 +253,10 @@ impl Engine {
         // (sample, keep raw) for what the engine derives: anomaly scores, VRAM headroom.
         let mut derived: Vec<(Sample, bool)> = Vec::new();
         let mut keep_raw = Vec::with_capacity(samples.len());
+        // Store ids known for the samples, so that the store looks up only new series;
+        // (derived index, id, index of the scored sample) for the anomaly scores.
+        let mut ids: Vec<Option<SeriesId>> = Vec::with_capacity(samples.len());
+        let mut anomaly_ids: Vec<(usize, Option<SeriesId>, usize)> = Vec::new();
         let raw_every = self.cfg.store.raw_min_interval.as_millis() as i64;
         let keep = |last: &mut Option<i64>, ts: i64| {
             let k = last.is_none_or(|l| ts - l >= raw_every || ts < l);
@@ -239,43 +265,73 @@ impl Engine {
             }
             k
         };
-        for s in &samples {
+        for (i, s) in samples.iter().enumerate() {
             self.clock_ms = self.clock_ms.max(s.ts_ms);
-            let labels = to_labels(&s.labels);
-            self.live.set_gauge(&s.signal, labels.clone(), s.value);
             self.observe_special(s, &mut derived);
             if DERIVED.contains(&s.signal.as_str()) {
+                self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value);
                 keep_raw.push(true);
+                ids.push(None);
                 continue;
             }
-            let key = s.series_key();
             let window = self.cfg.signals.window;
-            let state = self.series.entry(key).or_insert_with(|| SeriesState {
-                scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
-                onset: None,
-                last_raw_ms: None,
-                last_anomaly_raw_ms: None,
-                last_score: 0.0,
-                last_value: s.value,
-                last_ts: s.ts_ms,
-            });
+            let state = match self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+                Some(state) => state,
+                None => {
+                    let mut anomaly_labels = s.labels.clone();
+                    anomaly_labels.insert("signal".into(), s.signal.clone());
+                    let state = SeriesState {
+                        scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
+                        onset: None,
+                        last_raw_ms: None,
+                        last_anomaly_raw_ms: None,
+                        last_score: 0.0,
+                        last_value: s.value,
+                        last_ts: s.ts_ms,
+                        value_gauge: self.live.gauge_handle(&s.signal, to_labels(&s.labels), s.value),
+                        anomaly_gauge: None,
+                        anomaly_labels,
+                        store_id: None,
+                        anomaly_store_id: None,
+                    };
+                    let family = match self.series.get_mut(&s.signal) {
+                        Some(f) => f,
+                        None => self.series.entry(s.signal.clone()).or_default(),
+                    };
+                    family.entry(s.labels.clone()).or_insert(state)
+                }
+            };
+            match &state.value_gauge {
+                Some(g) => g.set(s.value),
+                // Past the series limit: set_gauge counts the shed sample.
+                None => self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value),
+            }
             state.last_value = s.value;
             state.last_ts = s.ts_ms;
             keep_raw.push(keep(&mut state.last_raw_ms, s.ts_ms));
+            ids.push(state.store_id);
             // Values were validated as finite by every source; a failure here is a bug upstream.
             if let Some(score) = state.scorer.push(s.value)? {
                 state.last_score = score.score;
                 track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &score);
-                let mut a_labels = s.labels.clone();
-                a_labels.insert("signal".into(), s.signal.clone());
-                self.live.set_gauge("anomaly_score", to_labels(&a_labels), score.score);
+                match &state.anomaly_gauge {
+                    Some(g) => g.set(score.score),
+                    None => {
+                        state.anomaly_gauge = self.live.gauge_handle(
+                            "anomaly_score",
+                            to_labels(&state.anomaly_labels),
+                            score.score,
+                        )
+                    }
+                }
                 let keep_score = keep(&mut state.last_anomaly_raw_ms, s.ts_ms);
                 let anomaly = Sample {
                     ts_ms: s.ts_ms,
                     signal: "anomaly_score".into(),
-                    labels: a_labels,
+                    labels: state.anomaly_labels.clone(),
                     value: score.score,
                 };
+                anomaly_ids.push((derived.len(), state.anomaly_store_id, i));
                 derived.push((anomaly, keep_score));
             }
         }
@@ -285,8 +341,28 @@ impl Engine {
         for (sample, keep) in derived {
             all.push(sample);
             flags.push(keep);
+            ids.push(None);
         }
-        self.store.insert_with_raw(&all, &flags)?;
+        for &(k, id, _) in &anomaly_ids {
+            ids[n + k] = id;
+        }
+        let unknown: Vec<usize> = (0..n).filter(|&i| ids[i].is_none()).collect();
+        let unknown_anomaly: Vec<(usize, usize)> =
+            anomaly_ids.iter().filter(|a| a.1.is_none()).map(|&(k, _, i)| (n + k, i)).collect();
+        self.store.insert_with_ids(&all, &flags, &mut ids)?;
+        // Committed: remember the ids of series new to the engine (the rare, slow path).
+        for i in unknown {
+            let s = &all[i];
+            if let Some(st) = self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+                st.store_id = ids[i];
+            }
+        }
+        for (j, i) in unknown_anomaly {
+            let s = &all[i];
+            if let Some(st) = self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+                st.anomaly_store_id = ids[j];
+            }
+        }
         self.live.samples_ingested.inc_by(n as u64);
         let due = match self.last_tick_ms {
             None => true,
@@ -356,10 +432,11 @@ impl Engine {
         let mut contributors: Vec<Contributor> = self
             .series
             .iter()
-            .filter(|(_, st)| now_ms - st.last_ts <= STALE_MS)
-            .map(|(key, st)| Contributor {
-                signal: key.signal.clone(),
-                labels: key.labels.clone(),
+            .flat_map(|(signal, family)| family.iter().map(move |(labels, st)| (signal, labels, st)))
+            .filter(|(_, _, st)| now_ms - st.last_ts <= STALE_MS)
+            .map(|(signal, labels, st)| Contributor {
+                signal: signal.clone(),
+                labels: labels.clone(),
                 risk: self.risk_of(st),
                 anomaly_score: st.last_score,
                 value: st.last_value,

@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::HealthSummary;
-use crate::metrics::{self, LiveMetrics};
+use crate::metrics::{self, GaugePoint, LiveMetrics};
 use crate::store::{Resolution, Store, DAY_MS};
 
 /// A batch for the pipeline and the channel that acknowledges its commit.
@@ -48,6 +48,98 @@ pub struct AppState {
     pub summary: Arc<RwLock<Option<HealthSummary>>>,
     /// Set once the pipeline runs.
     pub ready: Arc<AtomicBool>,
+    /// The /scores/latest body, rebuilt only when the gauges or the summary change.
+    pub latest: Arc<LatestCache>,
+    /// Store reads in flight at once (one per reader connection); the rest wait here, not on a thread.
+    pub store_reads: Arc<tokio::sync::Semaphore>,
+}
+
+/// Store reads one agent runs at once: the store's reader connections.
+pub const STORE_READS: usize = 4;
+
+/// What /scores/latest serves between changes: the gauges and summary it was built
+/// from, and the serialised unfiltered body (shared, never copied per request).
+struct LatestView {
+    /// (gauge generation, summary tick) the view was built at.
+    key: (u64, Option<i64>),
+    summary: Option<HealthSummary>,
+    signals: Vec<GaugePoint>,
+    body: Bytes,
+}
+
+/// The cached /scores/latest view; one request rebuilds it after a change, the others wait for that one.
+#[derive(Default)]
+pub struct LatestCache {
+    view: RwLock<Option<Arc<LatestView>>>,
+    rebuild: tokio::sync::Mutex<()>,
+}
+
+/// The /scores/latest body: keys in this order, as the JSON object they used to come from (sorted).
+#[derive(serde::Serialize)]
+#[serde(bound = "")]
+struct LatestBody<'a, I: Iterator<Item = &'a GaugePoint> + Clone> {
+    /// As a value tree, so that its keys come sorted as they always did.
+    health: serde_json::Value,
+    signals: SignalList<'a, I>,
+    ts: Option<String>,
+}
+
+/// Gauges serialised as `[{"labels": {...}, "signal": ..., "value": ...}]` without building a value tree.
+struct SignalList<'a, I: Iterator<Item = &'a GaugePoint> + Clone>(I);
+
+impl<'a, I: Iterator<Item = &'a GaugePoint> + Clone> serde::Serialize for SignalList<'a, I> {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Entry<'b> {
+            labels: BTreeMap<&'b str, &'b str>,
+            signal: &'b str,
+            value: f64,
+        }
+        ser.collect_seq(self.0.clone().map(|g| Entry {
+            labels: g.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            signal: &g.name,
+            value: g.value,
+        }))
+    }
+}
+
+fn latest_body<'a>(
+    summary: &'a Option<HealthSummary>,
+    signals: impl Iterator<Item = &'a GaugePoint> + Clone,
+) -> Bytes {
+    let body = LatestBody {
+        health: serde_json::to_value(summary).expect("the summary serialises"),
+        signals: SignalList(signals),
+        ts: summary.as_ref().map(|s| rfc3339(s.ts_ms)),
+    };
+    Bytes::from(serde_json::to_vec(&body).expect("the latest view serialises"))
+}
+
+impl LatestCache {
+    /// The current view: the cached one while nothing changed, else a rebuilt one.
+    async fn current(&self, st: &AppState) -> Arc<LatestView> {
+        let key = || {
+            let tick = st.summary.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|s| s.ts_ms);
+            (st.live.gauge_generation(), tick)
+        };
+        let cached = || self.view.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let want = key();
+        if let Some(v) = cached().filter(|v| v.key == want) {
+            return v;
+        }
+        let _one_builder = self.rebuild.lock().await;
+        // Read the key before the data: a change in between only makes the next request rebuild again.
+        let want = key();
+        if let Some(v) = cached().filter(|v| v.key == want) {
+            return v;
+        }
+        let summary = st.summary.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let signals = st.live.snapshot();
+        let body = latest_body(&summary, signals.iter());
+        let view = Arc::new(LatestView { key: want, summary, signals, body });
+        *self.view.write().unwrap_or_else(|e| e.into_inner()) = Some(view.clone());
+        view
+    }
 }
 
 /// An error response: status and a JSON body naming the problem.
@@ -258,15 +350,26 @@ fn rfc3339(ms: i64) -> String {
 /// Runs a blocking store read off the async threads: a failed task is a 500, a store error a 503.
 async fn on_store<T: Send + 'static>(
     store: &Arc<Store>,
+    permits: &tokio::sync::Semaphore,
     read: impl FnOnce(&Store) -> anyhow::Result<T> + Send + 'static,
 ) -> Result<T, ApiError> {
     let store = store.clone();
     let error = |status, message: String| ApiError { status, field: None, message };
+    let _permit = permits
+        .acquire()
+        .await
+        .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("the store is closing: {e}")))?;
     tokio::task::spawn_blocking(move || read(&store))
         .await
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
 }
+
+/// Raw range queries over at most this span and this many series run on the request's
+/// own task (well under a millisecond); larger ones go to a blocking thread.
+const INLINE_SPAN_MS: i64 = 15 * 60_000;
+/// See [`INLINE_SPAN_MS`].
+const INLINE_SERIES: usize = 2;
 
 /// Most points one /scores series may return.
 const MAX_POINTS: i64 = 11_000;
@@ -280,7 +383,12 @@ async fn scores(
     })?;
     ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
     let store = st.store.clone();
-    let latest = on_store(&store, |s| s.latest_ts()).await?;
+    // Kept in memory by the store: no read needed.
+    let latest = store.latest_ts().map_err(|e| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        field: None,
+        message: format!("{e:#}"),
+    })?;
     // Default "now" is the newest stored sample, so that replayed traces are queryable too.
     let now = latest.map_or_else(now_ms, |t| t + 1).max(0);
     let until = match q.remove("until") {
@@ -324,9 +432,28 @@ async fn scores(
     };
     // Remaining query parameters are label matchers: /scores?signal=kvf_ratio&layer=3
     let matchers: BTreeMap<String, String> = q.into_iter().collect();
-    let sig = signal.clone();
-    let series =
-        on_store(&store, move |s| s.range(&sig, &matchers, since, until, step_ms, resolution)).await?;
+    let series = if resolution == Resolution::Raw
+        && until - since <= INLINE_SPAN_MS
+        && store.series_matching(&signal, &matchers) <= INLINE_SERIES
+    {
+        // A few hundred rows: cheaper to read here than to hand to a blocking thread and back.
+        let _permit = st.store_reads.acquire().await.map_err(|e| ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            field: None,
+            message: format!("the store is closing: {e}"),
+        })?;
+        store.range(&signal, &matchers, since, until, step_ms, resolution).map_err(|e| ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            field: None,
+            message: format!("{e:#}"),
+        })?
+    } else {
+        let sig = signal.clone();
+        on_store(&store, &st.store_reads, move |s| {
+            s.range(&sig, &matchers, since, until, step_ms, resolution)
+        })
+        .await?
+    };
     Ok(Json(json!({
         "signal": signal,
         "since": rfc3339(since),
@@ -339,25 +466,84 @@ async fn scores(
     .into_response())
 }
 
-async fn scores_latest(State(st): State<AppState>) -> Response {
-    let summary = st.summary.read().unwrap_or_else(|e| e.into_inner()).clone();
-    let signals: Vec<_> = st
-        .live
-        .snapshot()
-        .into_iter()
-        .map(|g| json!({ "signal": g.name, "labels": g.labels.into_iter().collect::<BTreeMap<_, _>>(), "value": g.value }))
-        .collect();
-    Json(json!({
-        "ts": summary.as_ref().map(|s| rfc3339(s.ts_ms)),
-        "health": summary,
-        "signals": signals,
-    }))
-    .into_response()
+/// `/scores/latest[?signal=NAME&LABEL=VALUE...]`: the cached body, or the matching signals only.
+async fn scores_latest(
+    State(st): State<AppState>,
+    Query(mut q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let signal = q.remove("signal");
+    if let Some(name) = &signal {
+        ingest::check_name("signal", name).map_err(|e| ApiError::bad("signal", e.reason))?;
+    }
+    let view = st.latest.current(&st).await;
+    let body = if signal.is_none() && q.is_empty() {
+        view.body.clone()
+    } else {
+        let matches = |g: &&GaugePoint| {
+            signal.as_ref().is_none_or(|s| *s == g.name)
+                && q.iter().all(|(k, v)| g.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        };
+        latest_body(&view.summary, view.signals.iter().filter(matches))
+    };
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Contributor, Level};
+
+    /// The body as the handler built it before the cache: a serde_json value tree.
+    fn value_tree_body(summary: &Option<HealthSummary>, gauges: &[GaugePoint]) -> Vec<u8> {
+        let signals: Vec<_> = gauges
+            .iter()
+            .map(|g| json!({ "signal": g.name, "labels": g.labels.iter().cloned().collect::<BTreeMap<_, _>>(), "value": g.value }))
+            .collect();
+        serde_json::to_vec(&json!({
+            "ts": summary.as_ref().map(|s| rfc3339(s.ts_ms)),
+            "health": summary,
+            "signals": signals,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn latest_body_is_byte_for_byte_the_value_tree_body() {
+        let gauges = vec![
+            GaugePoint {
+                name: "build_info".into(),
+                labels: vec![("version".into(), "0.1.0".into())],
+                value: 1.0,
+            },
+            GaugePoint {
+                name: "kvf_ratio".into(),
+                labels: vec![("gpu".into(), "0".into()), ("layer".into(), "3".into())],
+                value: 1.857142857142857,
+            },
+            GaugePoint { name: "health_score".into(), labels: vec![], value: 0.25 },
+            GaugePoint { name: "odd".into(), labels: vec![("z".into(), "\"q\"".into())], value: f64::NAN },
+        ];
+        let summary = Some(HealthSummary {
+            ts_ms: 1_793_613_600_000,
+            health_score: 0.7,
+            level: Level::Warning,
+            contributors: vec![Contributor {
+                signal: "kvf_ratio".into(),
+                labels: [("layer".to_owned(), "3".to_owned())].into(),
+                risk: 0.7,
+                anomaly_score: 4.5,
+                value: 3.0,
+            }],
+            forecasts: vec![],
+        });
+        for s in [summary, None] {
+            let cached = latest_body(&s, gauges.iter());
+            assert_eq!(
+                std::str::from_utf8(&cached).unwrap(),
+                std::str::from_utf8(&value_tree_body(&s, &gauges)).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn time_forms() {

@@ -3,7 +3,8 @@
 //! renders it with prometheus-client (OpenMetrics); OTLP reads `snapshot()`.
 
 use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -71,13 +72,49 @@ pub struct LatencyObservation {
     pub seconds: f64,
 }
 
+/// The value cell of one gauge series, shared by the map and any [`GaugeHandle`].
+#[derive(Debug)]
+struct GaugeCell(AtomicU64);
+
+impl GaugeCell {
+    fn new(value: f64) -> Arc<Self> {
+        Arc::new(Self(AtomicU64::new(value.to_bits())))
+    }
+
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// A handle on one gauge series: setting it takes no lock and copies no labels (the
+/// pipeline keeps one per series). A handle of a series that was removed writes nowhere.
+#[derive(Debug, Clone)]
+pub struct GaugeHandle {
+    cell: Arc<GaugeCell>,
+    generation: Arc<AtomicU64>,
+}
+
+impl GaugeHandle {
+    /// Sets the series' latest value.
+    pub fn set(&self, value: f64) {
+        self.cell.set(value);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Most latency observations held for a slow exporter; older ones are dropped and counted.
 const MAX_TAPPED_LATENCIES: usize = 50_000;
 
 /// The agent's metric state.
 #[derive(Debug)]
 pub struct LiveMetrics {
-    gauges: RwLock<BTreeMap<String, BTreeMap<Labels, f64>>>,
+    gauges: RwLock<BTreeMap<String, BTreeMap<Labels, Arc<GaugeCell>>>>,
+    /// Bumped on every gauge change, so that readers can tell whether a cached view is current.
+    generation: Arc<AtomicU64>,
     latency_tap: std::sync::atomic::AtomicBool,
     tapped: std::sync::Mutex<Vec<LatencyObservation>>,
     series: std::sync::atomic::AtomicUsize,
@@ -110,6 +147,7 @@ impl LiveMetrics {
     pub fn new() -> Self {
         let m = Self {
             gauges: RwLock::new(BTreeMap::new()),
+            generation: Arc::new(AtomicU64::new(0)),
             series: 0.into(),
             latency_tap: false.into(),
             tapped: std::sync::Mutex::new(Vec::new()),
@@ -126,18 +164,50 @@ impl LiveMetrics {
 
     /// Sets the latest value of a gauge series.
     pub fn set_gauge(&self, name: &str, labels: Labels, value: f64) {
+        {
+            let g = self.gauges.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(cell) = g.get(name).and_then(|f| f.get(&labels)) {
+                cell.set(value);
+                self.generation.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let _ = self.insert_gauge(name, labels, value);
+    }
+
+    /// A handle on a gauge series, created with `value` if it is new; None (and counted
+    /// as shed) when the series limit is reached.
+    pub fn gauge_handle(&self, name: &str, labels: Labels, value: f64) -> Option<GaugeHandle> {
+        let cell = self.insert_gauge(name, labels, value)?;
+        Some(GaugeHandle { cell, generation: self.generation.clone() })
+    }
+
+    /// Sets (or creates, within the series limit) a series and returns its cell.
+    fn insert_gauge(&self, name: &str, labels: Labels, value: f64) -> Option<Arc<GaugeCell>> {
         let mut g = self.gauges.write().unwrap_or_else(|e| e.into_inner());
-        let family = g.entry(name.to_owned()).or_default();
-        if let Some(slot) = family.get_mut(&labels) {
-            *slot = value;
-            return;
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        // Look up by &str first: the name is copied only for a new family.
+        if let Some(cell) = g.get(name).and_then(|f| f.get(&labels)) {
+            cell.set(value);
+            return Some(cell.clone());
         }
-        if self.series.load(std::sync::atomic::Ordering::Relaxed) >= MAX_GAUGE_SERIES {
+        if self.series.load(Ordering::Relaxed) >= MAX_GAUGE_SERIES {
             self.shed.get_or_create(&vec![("reason".into(), "series_limit".into())]).inc();
-            return;
+            return None;
         }
-        family.insert(labels, value);
-        self.series.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let family = match g.get_mut(name) {
+            Some(f) => f,
+            None => g.entry(name.to_owned()).or_default(),
+        };
+        let cell = GaugeCell::new(value);
+        family.insert(labels, cell.clone());
+        self.series.fetch_add(1, Ordering::Relaxed);
+        Some(cell)
+    }
+
+    /// A counter that changes whenever any gauge does (set, created or removed).
+    pub fn gauge_generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// Removes a gauge series (e.g. a forecast that no longer predicts a breach).
@@ -145,14 +215,20 @@ impl LiveMetrics {
         let mut g = self.gauges.write().unwrap_or_else(|e| e.into_inner());
         if let Some(family) = g.get_mut(name) {
             if family.remove(labels).is_some() {
-                self.series.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                self.series.fetch_sub(1, Ordering::Relaxed);
+                self.generation.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
     /// Latest value of one gauge series.
     pub fn gauge(&self, name: &str, labels: &Labels) -> Option<f64> {
-        self.gauges.read().unwrap_or_else(|e| e.into_inner()).get(name).and_then(|f| f.get(labels)).copied()
+        self.gauges
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .and_then(|f| f.get(labels))
+            .map(|c| c.get())
     }
 
     /// Every series of one gauge.
@@ -161,7 +237,7 @@ impl LiveMetrics {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
-            .map(|f| f.iter().map(|(l, v)| (l.clone(), *v)).collect())
+            .map(|f| f.iter().map(|(l, v)| (l.clone(), v.get())).collect())
             .unwrap_or_default()
     }
 
@@ -201,7 +277,7 @@ impl LiveMetrics {
                 family.iter().map(move |(labels, value)| GaugePoint {
                     name: name.clone(),
                     labels: labels.clone(),
-                    value: *value,
+                    value: value.get(),
                 })
             })
             .collect()
@@ -223,7 +299,7 @@ impl Collector for GaugeCollector {
                 encoder.encode_descriptor(name, help_for(name), None, MetricType::Gauge)?;
             for (labels, value) in family {
                 let metric_encoder = family_encoder.encode_family(labels)?;
-                ConstGauge::new(*value).encode(metric_encoder)?;
+                ConstGauge::new(value.get()).encode(metric_encoder)?;
             }
         }
         Ok(())

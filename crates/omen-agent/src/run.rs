@@ -114,6 +114,10 @@ pub async fn start(cfg: Config) -> Result<Agent> {
                 }
             }
             pipeline_ready.store(false, Ordering::Relaxed);
+            // The open minute aggregates; they would be rebuilt from raw samples anyway.
+            if let Err(e) = engine.flush() {
+                error!("pipeline: open minute aggregates not written at shutdown: {e:#}");
+            }
             Ok(())
         })?;
 
@@ -125,6 +129,8 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         token: token.map(Arc::from),
         summary,
         ready,
+        latest: Arc::default(),
+        store_reads: Arc::new(tokio::sync::Semaphore::new(http::STORE_READS)),
     };
     let mut servers = Vec::new();
     let api = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {

@@ -4,10 +4,18 @@
 //! A batch is acknowledged only after its transaction commits; with WAL and
 //! synchronous=NORMAL a committed transaction survives `kill -9` (it is in the
 //! WAL file; only an OS crash or power loss can drop the last ones).
+//!
+//! Minute aggregates: the open minute of each series is folded in memory and written
+//! once, when a sample of a later minute arrives (or at [`Store::flush`] / drop), so
+//! the store writes about one aggregate row per series per minute instead of one
+//! upsert per sample. Raw samples stay durable per batch; after a `kill -9` the open
+//! minute is rebuilt from the raw samples of that minute when the store reopens. So
+//! one `Store` at a time per database file: a second one would hold the same open minutes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Condvar, Mutex, RwLock};
 
 use anyhow::{Context, Result};
 use omen_signals::quantile_linear;
@@ -87,16 +95,110 @@ pub struct RangeSeries {
     pub points: Vec<(i64, f64)>,
 }
 
-/// The store: one writer connection and a few readers (WAL lets them run concurrently).
+/// Identity of a stored series, as [`Store::insert_with_ids`] hands it out.
+pub type SeriesId = i64;
+
+/// Reader connections handed out one request at a time; a caller waits for a free one.
+struct ReaderPool {
+    idle: Mutex<Vec<Connection>>,
+    returned: Condvar,
+}
+
+/// A reader connection on loan from the pool; it goes back on drop.
+struct PooledReader<'a> {
+    pool: &'a ReaderPool,
+    conn: Option<Connection>,
+}
+
+impl std::ops::Deref for PooledReader<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn.as_ref().expect("held until drop")
+    }
+}
+
+impl Drop for PooledReader<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.idle.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
+            self.pool.returned.notify_one();
+        }
+    }
+}
+
+impl ReaderPool {
+    fn get(&self) -> PooledReader<'_> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(conn) = idle.pop() {
+                return PooledReader { pool: self, conn: Some(conn) };
+            }
+            idle = self.returned.wait(idle).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Reader connections (WAL readers never wait for the writer).
+const READERS: usize = 4;
+
+/// Series ids by signal, then labels: looked up by reference, without building a key.
+type SeriesIds = HashMap<String, HashMap<BTreeMap<String, String>, i64>>;
+
+/// Every stored series of each signal, (id, labels) in id order, for range queries.
+type Catalog = HashMap<String, Vec<(i64, BTreeMap<String, String>)>>;
+
+/// The store: one writer connection and a pool of readers (WAL lets them run concurrently).
 pub struct Store {
     path: PathBuf,
     writer: Mutex<Writer>,
-    readers: Vec<Mutex<Connection>>,
+    readers: ReaderPool,
+    /// Committed series, so that a range query reads only the series its matchers select.
+    catalog: RwLock<Catalog>,
+    /// Newest committed raw timestamp (i64::MIN: none).
+    latest_raw_ts: AtomicI64,
 }
 
 struct Writer {
     conn: Connection,
-    series_ids: HashMap<SeriesKey, i64>,
+    series_ids: SeriesIds,
+    minutes: MinuteTable,
+}
+
+/// The minute state of every series, indexed by series id: ids are SQLite rowids handed
+/// out as max + 1, so they are dense and a vector beats a hash map on the per-sample path.
+#[derive(Default)]
+struct MinuteTable(Vec<SeriesMinutes>);
+
+impl MinuteTable {
+    fn get(&self, id: i64) -> Option<&SeriesMinutes> {
+        usize::try_from(id).ok().and_then(|i| self.0.get(i))
+    }
+
+    fn slot(&mut self, id: i64) -> &mut SeriesMinutes {
+        let i = usize::try_from(id).expect("series ids are rowids >= 1");
+        if i >= self.0.len() {
+            self.0.resize(i + 1, SeriesMinutes::default());
+        }
+        &mut self.0[i]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (i64, &SeriesMinutes)> {
+        self.0.iter().enumerate().map(|(i, m)| (i as i64, m))
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut SeriesMinutes> {
+        self.0.iter_mut()
+    }
+}
+
+/// The minute-aggregate state of one series.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct SeriesMinutes {
+    /// The newest minute, folded in memory and not yet written.
+    open: Option<(i64, MinuteFold)>,
+    /// The newest minute that may have a row in minute_agg; `open` is always newer.
+    newest_row: Option<i64>,
 }
 
 fn open_connection(path: &Path) -> Result<Connection> {
@@ -109,6 +211,44 @@ fn open_connection(path: &Path) -> Result<Connection> {
 
 fn labels_json(labels: &BTreeMap<String, String>) -> String {
     serde_json::to_string(labels).expect("string map serialises")
+}
+
+fn minute_of(ts_ms: i64) -> i64 {
+    ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS
+}
+
+const UPSERT_MINUTE: &str = "INSERT INTO minute_agg (series_id, minute_ms, count, sum, min, max, last) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+     ON CONFLICT (series_id, minute_ms) DO UPDATE SET count = count + excluded.count, sum = sum + excluded.sum,
+     min = min(min, excluded.min), max = max(max, excluded.max), last = excluded.last";
+
+/// The minute state of one series after a restart: its newest aggregate row, and its
+/// newest minute of raw samples when that minute has no row yet (it was open at the crash).
+fn recover_minutes(conn: &Connection, id: i64) -> Result<SeriesMinutes> {
+    let newest_row: Option<i64> = conn
+        .prepare_cached("SELECT MAX(minute_ms) FROM minute_agg WHERE series_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    let newest_raw: Option<i64> = conn
+        .prepare_cached("SELECT MAX(ts_ms) FROM samples WHERE series_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    let mut state = SeriesMinutes { open: None, newest_row };
+    let Some(raw_minute) = newest_raw.map(minute_of) else { return Ok(state) };
+    if newest_row.is_some_and(|r| r >= raw_minute) {
+        return Ok(state);
+    }
+    let mut stmt = conn.prepare_cached(
+        "SELECT value FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3 ORDER BY ts_ms, rowid",
+    )?;
+    let mut rows = stmt.query(params![id, raw_minute, raw_minute + MINUTE_MS])?;
+    let mut fold: Option<MinuteFold> = None;
+    while let Some(row) = rows.next()? {
+        let v: f64 = row.get(0)?;
+        match fold.as_mut() {
+            Some(f) => f.add(v),
+            None => fold = Some(MinuteFold::new(v)),
+        }
+    }
+    state.open = fold.map(|f| (raw_minute, f));
+    Ok(state)
 }
 
 impl Store {
@@ -133,9 +273,11 @@ impl Store {
                 path.display()
             ),
         }
-        let mut series_ids = HashMap::new();
+        let mut series_ids = SeriesIds::new();
+        let mut catalog = Catalog::new();
+        let mut minutes = MinuteTable::default();
         {
-            let mut stmt = conn.prepare("SELECT id, signal, labels FROM series")?;
+            let mut stmt = conn.prepare("SELECT id, signal, labels FROM series ORDER BY id")?;
             let rows = stmt.query_map([], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
             })?;
@@ -143,11 +285,20 @@ impl Store {
                 let (id, signal, labels) = row?;
                 let labels: BTreeMap<String, String> =
                     serde_json::from_str(&labels).context("corrupt series labels in the store")?;
-                series_ids.insert(SeriesKey { signal, labels }, id);
+                catalog.entry(signal.clone()).or_default().push((id, labels.clone()));
+                series_ids.entry(signal).or_default().insert(labels, id);
+                *minutes.slot(id) = recover_minutes(&conn, id)?;
             }
         }
-        let readers = (0..4).map(|_| open_connection(path).map(Mutex::new)).collect::<Result<Vec<_>>>()?;
-        Ok(Self { path: path.to_owned(), writer: Mutex::new(Writer { conn, series_ids }), readers })
+        let latest: Option<i64> = conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+        let idle = (0..READERS).map(|_| open_connection(path)).collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            path: path.to_owned(),
+            writer: Mutex::new(Writer { conn, series_ids, minutes }),
+            readers: ReaderPool { idle: Mutex::new(idle), returned: Condvar::new() },
+            catalog: RwLock::new(catalog),
+            latest_raw_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
+        })
     }
 
     /// File path of the database.
@@ -155,13 +306,8 @@ impl Store {
         &self.path
     }
 
-    fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
-        for r in &self.readers {
-            if let Ok(guard) = r.try_lock() {
-                return guard;
-            }
-        }
-        self.readers[0].lock().unwrap_or_else(|e| e.into_inner())
+    fn reader(&self) -> PooledReader<'_> {
+        self.readers.get()
     }
 
     /// Writes samples and their minute aggregates in one transaction; returns after commit.
@@ -172,20 +318,60 @@ impl Store {
     /// As [`Store::insert`], but samples whose `keep_raw` entry is false only update
     /// their minute aggregate (decimation of high-rate series). A shorter `keep_raw` keeps the rest raw.
     pub fn insert_with_raw(&self, samples: &[Sample], keep_raw: &[bool]) -> Result<()> {
+        self.insert_with_ids(samples, keep_raw, &mut vec![None; samples.len()])
+    }
+
+    /// As [`Store::insert_with_raw`], with the series id of each sample where the caller
+    /// knows it (saves the label lookup); it must come from this store. Unknown ids are
+    /// filled in; they are valid only when this returns Ok (a failed batch voids new ids).
+    pub fn insert_with_ids(
+        &self,
+        samples: &[Sample],
+        keep_raw: &[bool],
+        ids: &mut [Option<SeriesId>],
+    ) -> Result<()> {
         if samples.is_empty() {
             return Ok(());
         }
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let Writer { conn, series_ids } = &mut *w;
-        let mut created: Vec<SeriesKey> = Vec::new();
-        let result = insert_batch(conn, series_ids, &mut created, samples, keep_raw);
-        if result.is_err() {
-            // The transaction rolled back: ids handed out inside it are void.
-            for key in &created {
-                series_ids.remove(key);
+        let mut created: Vec<(i64, SeriesKey)> = Vec::new();
+        let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
+        let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
+        let Writer { series_ids, minutes, .. } = &mut *w;
+        match result {
+            Ok(newest_raw) => {
+                if let Some(ts) = newest_raw {
+                    self.latest_raw_ts.fetch_max(ts, Ordering::Relaxed);
+                }
+                if !created.is_empty() {
+                    let mut catalog = self.catalog.write().unwrap_or_else(|e| e.into_inner());
+                    for (id, key) in created {
+                        catalog.entry(key.signal).or_default().push((id, key.labels));
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The transaction rolled back: ids handed out inside it are void, and the
+                // open minutes go back to what was committed.
+                for (_, key) in &created {
+                    if let Some(f) = series_ids.get_mut(&key.signal) {
+                        f.remove(&key.labels);
+                    }
+                }
+                // Newest first, so that each series ends at its state before the batch.
+                for (id, before) in undo.into_iter().rev() {
+                    *minutes.slot(id) = before;
+                }
+                Err(e)
             }
         }
-        result
+    }
+
+    /// Writes every open minute aggregate (at shutdown); returns the rows written.
+    pub fn flush(&self) -> Result<usize> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        flush_open_minutes(&mut w)
     }
 
     /// Computes day aggregates for every complete UTC day in [from_day_ms, until_day_ms) from raw samples.
@@ -232,7 +418,6 @@ impl Store {
         tx.commit()?;
         Ok(written)
     }
-
     /// Day aggregates of every series of `signal` for days in [from_day_ms, until_day_ms).
     pub fn day_aggregates(
         &self,
@@ -276,7 +461,16 @@ impl Store {
         Ok(out)
     }
 
+    /// How many stored series of `signal` have labels that include `matchers`.
+    pub fn series_matching(&self, signal: &str, matchers: &BTreeMap<String, String>) -> usize {
+        let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+        catalog.get(signal).map_or(0, |all| {
+            all.iter().filter(|(_, labels)| matchers.iter().all(|(k, v)| labels.get(k) == Some(v))).count()
+        })
+    }
+
     /// Mean per `step_ms` bucket of every series of `signal` whose labels include `matchers`, over [since, until).
+    /// Only the matching series are read (their ids come from the series catalogue).
     pub fn range(
         &self,
         signal: &str,
@@ -286,43 +480,81 @@ impl Store {
         step_ms: i64,
         resolution: Resolution,
     ) -> Result<Vec<RangeSeries>> {
+        let selected: Vec<(i64, BTreeMap<String, String>)> = {
+            let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+            catalog
+                .get(signal)
+                .map(|all| {
+                    all.iter()
+                        .filter(|(_, labels)| matchers.iter().all(|(k, v)| labels.get(k) == Some(v)))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        if selected.is_empty() {
+            return Ok(Vec::new());
+        }
         let conn = self.reader();
+        // One read transaction: every series is read from the same committed snapshot.
+        let tx = conn.unchecked_transaction()?;
+        let mut open: HashMap<i64, (i64, MinuteFold)> = HashMap::new();
+        if resolution == Resolution::Minute {
+            // The open minutes live in the writer: take them together with the start of
+            // the snapshot, so that a minute flushed meanwhile is counted exactly once.
+            let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            tx.query_row("SELECT COUNT(*) FROM meta", [], |r| r.get::<_, i64>(0))?;
+            for (id, _) in &selected {
+                if let Some(o) = w.minutes.get(*id).and_then(|m| m.open) {
+                    if o.0 >= since_ms && o.0 < until_ms {
+                        open.insert(*id, o);
+                    }
+                }
+            }
+        }
         let sql = match resolution {
             Resolution::Raw => {
-                "SELECT s.labels, (x.ts_ms - ?2) / ?4, SUM(x.value), COUNT(*) FROM samples x JOIN series s ON s.id = x.series_id
-                 WHERE s.signal = ?1 AND x.ts_ms >= ?2 AND x.ts_ms < ?3 GROUP BY s.id, 2 ORDER BY s.id, 2"
+                "SELECT (ts_ms - ?2) / ?4, SUM(value), COUNT(*) FROM samples
+                 WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3 GROUP BY 1 ORDER BY 1"
             }
             Resolution::Minute => {
-                "SELECT s.labels, (x.minute_ms - ?2) / ?4, SUM(x.sum), SUM(x.count) FROM minute_agg x JOIN series s ON s.id = x.series_id
-                 WHERE s.signal = ?1 AND x.minute_ms >= ?2 AND x.minute_ms < ?3 GROUP BY s.id, 2 ORDER BY s.id, 2"
+                "SELECT (minute_ms - ?2) / ?4, SUM(sum), SUM(count) FROM minute_agg
+                 WHERE series_id = ?1 AND minute_ms >= ?2 AND minute_ms < ?3 GROUP BY 1 ORDER BY 1"
             }
             Resolution::Day => {
-                "SELECT s.labels, (x.day_ms - ?2) / ?4, SUM(x.sum), SUM(x.count) FROM day_agg x JOIN series s ON s.id = x.series_id
-                 WHERE s.signal = ?1 AND x.day_ms >= ?2 AND x.day_ms < ?3 GROUP BY s.id, 2 ORDER BY s.id, 2"
+                "SELECT (day_ms - ?2) / ?4, SUM(sum), SUM(count) FROM day_agg
+                 WHERE series_id = ?1 AND day_ms >= ?2 AND day_ms < ?3 GROUP BY 1 ORDER BY 1"
             }
         };
-        let mut stmt = conn.prepare_cached(sql)?;
-        let rows = stmt.query_map(params![signal, since_ms, until_ms, step_ms], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, f64>(2)?, r.get::<_, i64>(3)?))
-        })?;
-        let mut out: Vec<RangeSeries> = Vec::new();
-        let mut last_labels = String::new();
-        for row in rows {
-            let (labels_text, bucket, sum, count) = row?;
-            if out.is_empty() || labels_text != last_labels {
-                let labels: BTreeMap<String, String> = serde_json::from_str(&labels_text)?;
-                out.push(RangeSeries { labels, points: Vec::new() });
-                last_labels = labels_text;
+        let mut stmt = tx.prepare_cached(sql)?;
+        let mut out = Vec::new();
+        for (id, labels) in selected {
+            let mut buckets: Vec<(i64, f64, i64)> = stmt
+                .query_map(params![id, since_ms, until_ms, step_ms], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            if let Some((minute, fold)) = open.get(&id) {
+                let bucket = (minute - since_ms) / step_ms;
+                match buckets.binary_search_by_key(&bucket, |b| b.0) {
+                    Ok(i) => {
+                        buckets[i].1 += fold.sum;
+                        buckets[i].2 += fold.count;
+                    }
+                    Err(i) => buckets.insert(i, (bucket, fold.sum, fold.count)),
+                }
             }
-            out.last_mut()
-                .expect("pushed above")
-                .points
-                .push((since_ms + bucket * step_ms, sum / count as f64));
+            if buckets.is_empty() {
+                continue;
+            }
+            let points = buckets
+                .into_iter()
+                .map(|(b, sum, count)| (since_ms + b * step_ms, sum / count as f64))
+                .collect();
+            out.push(RangeSeries { labels, points });
         }
-        out.retain(|s| matchers.iter().all(|(k, v)| s.labels.get(k) == Some(v)));
         Ok(out)
     }
-
     /// Deletes raw samples, minute and day aggregates older than their retention, relative to `now_ms`.
     pub fn apply_retention(
         &self,
@@ -331,13 +563,23 @@ impl Store {
         minute_days: u32,
         day_days: u32,
     ) -> Result<usize> {
-        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut n =
             w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [now_ms - raw_days as i64 * DAY_MS])?;
-        n += w
-            .conn
-            .execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [now_ms - minute_days as i64 * DAY_MS])?;
+        let minute_cutoff = now_ms - minute_days as i64 * DAY_MS;
+        n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
+        // An open minute past retention goes too (it would be written only to be deleted).
+        for m in w.minutes.values_mut() {
+            if m.open.is_some_and(|(minute, _)| minute < minute_cutoff) {
+                m.open = None;
+                n += 1;
+            }
+        }
         n += w.conn.execute("DELETE FROM day_agg WHERE day_ms < ?1", [now_ms - day_days as i64 * DAY_MS])?;
+        if n > 0 {
+            let latest: Option<i64> = w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+            self.latest_raw_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
+        }
         Ok(n)
     }
 
@@ -399,13 +641,27 @@ impl Store {
         Ok(names)
     }
 
-    /// Latest raw timestamp stored, if any.
+    /// Latest raw timestamp stored, if any (kept in memory: every /scores request asks).
     pub fn latest_ts(&self) -> Result<Option<i64>> {
-        Ok(self.reader().query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?)
+        Ok(Some(self.latest_raw_ts.load(Ordering::Relaxed)).filter(|&t| t != i64::MIN))
     }
 }
 
-/// A minute bucket of one series folded over a batch; `last` is the value of its last sample in batch order.
+impl Drop for Store {
+    /// Writes the open minutes; a failure here only costs what a `kill -9` would.
+    fn drop(&mut self) {
+        let w = self.writer.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = flush_open_minutes(w) {
+            tracing::warn!(
+                "store {}: open minute aggregates not written at close: {e:#}",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// A minute bucket of one series; `last` is the value of its last sample in arrival order.
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct MinuteFold {
     count: i64,
     sum: f64,
@@ -428,62 +684,111 @@ impl MinuteFold {
     }
 }
 
+fn upsert_minute(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    id: i64,
+    minute: i64,
+    a: &MinuteFold,
+) -> Result<()> {
+    stmt.execute(params![id, minute, a.count, a.sum, a.min, a.max, a.last])?;
+    Ok(())
+}
+
+fn flush_open_minutes(w: &mut Writer) -> Result<usize> {
+    if w.minutes.iter().all(|(_, m)| m.open.is_none()) {
+        return Ok(0);
+    }
+    let tx = w.conn.transaction()?;
+    let mut written = 0;
+    {
+        let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
+        for (id, m) in w.minutes.iter() {
+            if let Some((minute, fold)) = &m.open {
+                upsert_minute(&mut upsert, id, *minute, fold)?;
+                written += 1;
+            }
+        }
+    }
+    tx.commit()?;
+    for m in w.minutes.values_mut() {
+        if let Some((minute, _)) = m.open.take() {
+            m.newest_row = Some(minute);
+        }
+    }
+    Ok(written)
+}
+
+/// Writes one batch in one transaction; returns the newest raw timestamp written. The
+/// open minutes are updated in place; `undo` records a series' state before each change.
 fn insert_batch(
-    conn: &mut Connection,
-    series_ids: &mut HashMap<SeriesKey, i64>,
-    created: &mut Vec<SeriesKey>,
+    w: &mut Writer,
+    created: &mut Vec<(i64, SeriesKey)>,
+    undo: &mut Vec<(i64, SeriesMinutes)>,
     samples: &[Sample],
     keep_raw: &[bool],
-) -> Result<()> {
+    ids: &mut [Option<SeriesId>],
+) -> Result<Option<i64>> {
+    let Writer { conn, series_ids, minutes } = w;
     let tx = conn.transaction()?;
+    let mut newest_raw: Option<i64> = None;
     {
         let mut new_series = tx.prepare_cached("INSERT INTO series (signal, labels) VALUES (?1, ?2)")?;
         let mut insert =
             tx.prepare_cached("INSERT INTO samples (series_id, ts_ms, value) VALUES (?1, ?2, ?3)")?;
-        let mut minute = tx.prepare_cached(
-            "INSERT INTO minute_agg (series_id, minute_ms, count, sum, min, max, last) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (series_id, minute_ms) DO UPDATE SET count = count + excluded.count, sum = sum + excluded.sum,
-             min = min(min, excluded.min), max = max(max, excluded.max), last = excluded.last",
-        )?;
-        let mut minutes: HashMap<(i64, i64), MinuteFold> = HashMap::new();
-        // Consecutive samples of one series (the usual push order) reuse its id without a key copy.
-        let mut last_id: Option<(usize, i64)> = None;
+        let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
+        // Samples for a minute that is no longer open (late or replayed data), folded per batch.
+        let mut late: HashMap<(i64, i64), MinuteFold> = HashMap::new();
         for (i, s) in samples.iter().enumerate() {
-            let same_as_last = last_id.filter(|&(j, _)| {
-                let p = &samples[j];
-                p.signal == s.signal && p.labels == s.labels
-            });
-            let id = match same_as_last {
-                Some((_, id)) => id,
-                None => match series_ids.get(&s.series_key()) {
-                    Some(&id) => id,
-                    None => {
-                        let key = s.series_key();
-                        new_series.execute(params![key.signal, labels_json(&key.labels)])?;
-                        let id = tx.last_insert_rowid();
-                        created.push(key.clone());
-                        series_ids.insert(key, id);
-                        id
-                    }
-                },
+            let known = ids.get(i).copied().flatten();
+            let id = match known.or_else(|| series_ids.get(&s.signal).and_then(|f| f.get(&s.labels)).copied())
+            {
+                Some(id) => id,
+                None => {
+                    new_series.execute(params![s.signal, labels_json(&s.labels)])?;
+                    let id = tx.last_insert_rowid();
+                    created.push((id, s.series_key()));
+                    let family = match series_ids.get_mut(&s.signal) {
+                        Some(f) => f,
+                        None => series_ids.entry(s.signal.clone()).or_default(),
+                    };
+                    family.insert(s.labels.clone(), id);
+                    id
+                }
             };
-            last_id = Some((i, id));
+            if let Some(slot) = ids.get_mut(i) {
+                *slot = Some(id);
+            }
             if keep_raw.get(i).copied().unwrap_or(true) {
                 insert.execute(params![id, s.ts_ms, s.value])?;
+                newest_raw = Some(newest_raw.map_or(s.ts_ms, |t| t.max(s.ts_ms)));
             }
-            let bucket = s.ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS;
-            minutes
-                .entry((id, bucket))
-                .and_modify(|a: &mut MinuteFold| a.add(s.value))
-                .or_insert_with(|| MinuteFold::new(s.value));
+            let bucket = minute_of(s.ts_ms);
+            let m = minutes.slot(id);
+            undo.push((id, *m));
+            match &mut m.open {
+                Some((open, fold)) if *open == bucket => fold.add(s.value),
+                open if open.is_none_or(|(o, _)| bucket > o) && m.newest_row.is_none_or(|r| bucket > r) => {
+                    // A newer minute: the open one is complete; write it with this batch.
+                    if let Some((o, fold)) = open.take() {
+                        upsert_minute(&mut upsert, id, o, &fold)?;
+                        m.newest_row = Some(o);
+                    }
+                    m.open = Some((bucket, MinuteFold::new(s.value)));
+                }
+                _ => {
+                    late.entry((id, bucket))
+                        .and_modify(|a| a.add(s.value))
+                        .or_insert_with(|| MinuteFold::new(s.value));
+                    m.newest_row = Some(m.newest_row.map_or(bucket, |r| r.max(bucket)));
+                }
+            }
         }
-        // One upsert per (series, minute) of the batch, in the same transaction as its raw rows.
-        for ((id, bucket), a) in &minutes {
-            minute.execute(params![id, bucket, a.count, a.sum, a.min, a.max, a.last])?;
+        for ((id, bucket), a) in &late {
+            upsert_minute(&mut upsert, *id, *bucket, a)?;
         }
     }
     tx.commit()?;
-    Ok(())
+    Ok(newest_raw)
 }
 
 #[cfg(test)]
@@ -584,6 +889,8 @@ mod tests {
                 .collect();
             store.insert(&batch).unwrap();
         }
+        // Minute t0 was written when minute t0 + 1 began; the open one at flush.
+        assert_eq!(store.flush().unwrap(), 2);
         let conn = store.reader();
         let rows: Vec<(i64, i64, f64, f64, f64, f64)> = conn
             .prepare(
@@ -599,6 +906,192 @@ mod tests {
         assert_eq!(rows[0], (t0, 60, sum, 0.0, 59.0, 59.0));
         assert_eq!(rows[1], (t0 + 60_000, 60, sum, 0.0, 59.0, 59.0));
         assert_eq!(rows[2], (t0, 60, sum + 6000.0, 100.0, 159.0, 159.0));
+    }
+
+    /// Every minute_agg row, (series id, minute, count, sum, min, max, last).
+    type MinuteRow = (i64, i64, i64, f64, f64, f64, f64);
+
+    fn minute_rows(store: &Store) -> Vec<MinuteRow> {
+        let conn = store.reader();
+        let mut stmt = conn
+            .prepare("SELECT series_id, minute_ms, count, sum, min, max, last FROM minute_agg ORDER BY series_id, minute_ms")
+            .unwrap();
+        stmt.query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+    }
+
+    /// The minute aggregates recomputed from the raw samples, in the same form.
+    fn minute_rows_from_raw(store: &Store) -> Vec<MinuteRow> {
+        let conn = store.reader();
+        let mut stmt = conn
+            .prepare("SELECT series_id, ts_ms, value FROM samples ORDER BY series_id, ts_ms, rowid")
+            .unwrap();
+        let raw: Vec<(i64, i64, f64)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let mut out: Vec<MinuteRow> = Vec::new();
+        for (id, ts, v) in raw {
+            let minute = minute_of(ts);
+            match out.last_mut() {
+                Some(r) if r.0 == id && r.1 == minute => {
+                    r.2 += 1;
+                    r.3 += v;
+                    r.4 = r.4.min(v);
+                    r.5 = r.5.max(v);
+                    r.6 = v;
+                }
+                _ => out.push((id, minute, 1, v, v, v, v)),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn open_minutes_are_written_once_per_minute_and_rebuilt_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("omen.db");
+        let t0 = 1_793_577_600_000;
+        // 150 one-second batches of three series: minutes t0 and t0+1 close, t0+2 stays open.
+        let batch = |i: i64| -> Vec<Sample> {
+            (0..3)
+                .map(|layer| sample(t0 + i * 1000, "kv", &layer.to_string(), (i * (layer + 1)) as f64 * 0.5))
+                .collect()
+        };
+        {
+            let store = Store::open(&path).unwrap();
+            for i in 0..150 {
+                store.insert(&batch(i)).unwrap();
+            }
+            // Only the two closed minutes have rows: one write per series per minute.
+            let rows = minute_rows(&store);
+            assert_eq!(rows.len(), 6, "{rows:?}");
+            assert!(rows.iter().all(|r| r.2 == 60));
+            // Minute-resolution reads include the open minute all the same.
+            let m =
+                store.range("kv", &BTreeMap::new(), t0, t0 + 180_000, 60_000, Resolution::Minute).unwrap();
+            let r = store.range("kv", &BTreeMap::new(), t0, t0 + 180_000, 60_000, Resolution::Raw).unwrap();
+            assert_eq!(m, r);
+            assert_eq!(m[0].points.len(), 3);
+            // kill -9: no flush, no destructor.
+            std::mem::forget(store);
+        }
+        let store = Store::open(&path).unwrap();
+        let m = store.range("kv", &BTreeMap::new(), t0, t0 + 180_000, 60_000, Resolution::Minute).unwrap();
+        let r = store.range("kv", &BTreeMap::new(), t0, t0 + 180_000, 60_000, Resolution::Raw).unwrap();
+        assert_eq!(m, r, "the open minute is rebuilt from its raw samples");
+        // More samples of the rebuilt minute, then a clean close.
+        for i in 150..170 {
+            store.insert(&batch(i)).unwrap();
+        }
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        let rows = minute_rows(&store);
+        assert_eq!(rows.len(), 9);
+        assert_eq!(rows, minute_rows_from_raw(&store));
+    }
+
+    #[test]
+    fn late_samples_of_a_written_minute_add_to_its_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 60_000, "kv", "0", 2.0)]).unwrap();
+        // Late: minute t0 is written already, and minute t0 + 1 is open.
+        store.insert(&[sample(t0 + 30_000, "kv", "0", 3.0)]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(minute_rows(&store), minute_rows_from_raw(&store));
+        // After a restart, replayed data for an old minute also adds to its row.
+        drop(store);
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        store.insert(&[sample(t0 + 45_000, "kv", "0", 4.0)]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(minute_rows(&store), minute_rows_from_raw(&store));
+        assert_eq!(minute_rows(&store)[0].2, 3);
+    }
+
+    #[test]
+    fn a_failed_batch_leaves_the_open_minutes_as_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
+        // NaN binds as NULL and violates NOT NULL: the whole batch rolls back, including
+        // the write of minute t0 that its first sample triggered, and the new series.
+        let bad = [sample(t0 + 60_000, "kv", "0", 5.0), sample(t0 + 60_000, "kv", "9", f64::NAN)];
+        assert!(store.insert(&bad).is_err());
+        assert!(minute_rows(&store).is_empty());
+        store.insert(&[sample(t0 + 2000, "kv", "0", 3.0), sample(t0 + 2000, "kv", "9", 7.0)]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(minute_rows(&store), minute_rows_from_raw(&store));
+        assert_eq!(minute_rows(&store)[0].2, 3);
+        let only9 = store
+            .range(
+                "kv",
+                &[("layer".to_owned(), "9".to_owned())].into(),
+                t0,
+                t0 + 60_000,
+                60_000,
+                Resolution::Raw,
+            )
+            .unwrap();
+        assert_eq!(only9.len(), 1);
+        assert_eq!(only9[0].points, vec![(t0, 7.0)]);
+    }
+
+    #[test]
+    fn range_reads_only_the_series_its_matchers_select() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let two = |gpu: &str, layer: &str, v: f64| Sample {
+            ts_ms: t0,
+            signal: "kvf_ratio".into(),
+            labels: [("gpu".to_owned(), gpu.to_owned()), ("layer".to_owned(), layer.to_owned())].into(),
+            value: v,
+        };
+        store
+            .insert(&[
+                two("0", "3", 1.0),
+                two("1", "3", 2.0),
+                two("0", "4", 3.0),
+                sample(t0, "other", "3", 9.0),
+            ])
+            .unwrap();
+        let q = |m: &[(&str, &str)]| {
+            let m: BTreeMap<String, String> = m.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            store.range("kvf_ratio", &m, t0, t0 + 1000, 1000, Resolution::Raw).unwrap()
+        };
+        assert_eq!(q(&[]).len(), 3);
+        let l3: Vec<f64> = q(&[("layer", "3")]).iter().map(|s| s.points[0].1).collect();
+        assert_eq!(l3, vec![1.0, 2.0]);
+        assert_eq!(q(&[("layer", "3"), ("gpu", "1")])[0].points, vec![(t0, 2.0)]);
+        assert!(q(&[("layer", "7")]).is_empty());
+        assert!(q(&[("pool", "a")]).is_empty());
+        assert_eq!(store.latest_ts().unwrap(), Some(t0));
+    }
+
+    #[test]
+    fn known_ids_skip_the_lookup_and_new_ones_are_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let batch = |ts: i64| vec![sample(ts, "kv", "0", 1.0), sample(ts, "kv", "1", 2.0)];
+        let mut ids = vec![None, None];
+        store.insert_with_ids(&batch(t0), &[], &mut ids).unwrap();
+        assert!(ids[0].is_some() && ids[1].is_some() && ids[0] != ids[1]);
+        let known = ids.clone();
+        store.insert_with_ids(&batch(t0 + 1000), &[], &mut ids).unwrap();
+        assert_eq!(ids, known);
+        let r = store.range("kv", &BTreeMap::new(), t0, t0 + 2000, 1000, Resolution::Raw).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].points, vec![(t0, 1.0), (t0 + 1000, 1.0)]);
+        assert_eq!(r[1].points, vec![(t0, 2.0), (t0 + 1000, 2.0)]);
     }
 
     #[test]

@@ -94,6 +94,18 @@ async fn ingest_query_and_export() {
     assert_eq!(series.len(), 1);
     let v = series[0]["points"][0][1].as_f64().unwrap();
     assert!((v - 13.0 / 7.0).abs() < 1e-12, "{r}");
+    // a short span of one series takes the inline read path: the same answer
+    let short: Value = c
+        .get(format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-5m"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(short["series"].as_array().unwrap().len(), 1, "{short}");
+    assert_eq!(short["series"][0]["points"][0][1], series[0]["points"][0][1]);
+    assert_eq!(short["resolution"], "raw");
     let r = c.get(format!("{base}/scores?signal=kvf_ratio&since=yesterday")).send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.unwrap()["field"], "since");
@@ -109,6 +121,34 @@ async fn ingest_query_and_export() {
         .iter()
         .any(|s| s["signal"] == "tle_bits" && (s["value"].as_f64().unwrap() - 2.0).abs() < 1e-6));
     assert!(latest["health"]["health_score"].as_f64().is_some(), "{latest}");
+    // filtered by signal and labels: only the matching series, the same shape
+    let only: Value = c
+        .get(format!("{base}/scores/latest?signal=kvf_ratio&layer=3"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let signals = only["signals"].as_array().unwrap();
+    assert_eq!(signals.len(), 1, "{only}");
+    assert_eq!(signals[0]["labels"], json!({"gpu": "0", "layer": "3"}));
+    assert!((signals[0]["value"].as_f64().unwrap() - 13.0 / 7.0).abs() < 1e-12);
+    assert_eq!(only["health"], latest["health"]);
+    assert_eq!(only["ts"], latest["ts"]);
+    let r = c.get(format!("{base}/scores/latest?signal=Bad-Name")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    // a new value shows in the next /scores/latest (the cached body follows the gauges)
+    let r = c
+        .post(format!("{base}/v1/ingest/samples"))
+        .json(&json!({"samples": [{"signal": "queue_depth", "value": 9}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let depth: Value =
+        c.get(format!("{base}/scores/latest?signal=queue_depth")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(depth["signals"][0]["value"], 9.0, "{depth}");
 
     // /metrics on the metrics listener, OpenMetrics
     let r = c.get(format!("http://{}/metrics", agent.metrics_addr.unwrap())).send().await.unwrap();
@@ -229,4 +269,15 @@ fn kill_9_loses_nothing_acknowledged() {
         omen_agent::store::Store::open(&dir.path().join("omen.db")).unwrap().count("acked").unwrap() as u64;
     assert_eq!(acked, 1000);
     assert_eq!(stored, acked);
+    // The open minutes were rebuilt from raw samples: minute aggregates equal the raw means.
+    let store = omen_agent::store::Store::open(&dir.path().join("omen.db")).unwrap();
+    let until = store.latest_ts().unwrap().unwrap() + 1;
+    // Minute-aligned, so that each raw bucket is one whole minute.
+    let since = (until - 3_600_000).div_euclid(60_000) * 60_000;
+    let all = std::collections::BTreeMap::new();
+    use omen_agent::store::Resolution;
+    let minute = store.range("acked", &all, since, until, 60_000, Resolution::Minute).unwrap();
+    let raw = store.range("acked", &all, since, until, 60_000, Resolution::Raw).unwrap();
+    assert_eq!(minute.len(), 50);
+    assert_eq!(minute, raw);
 }
