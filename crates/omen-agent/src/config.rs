@@ -535,7 +535,7 @@ impl Config {
         }
         let mut names = std::collections::HashSet::new();
         for (i, slo) in f.slos.iter().enumerate() {
-            if slo.trend_scale() == TrendScale::Log && !(slo.threshold > 0.0) {
+            if slo.trend_scale() == TrendScale::Log && (slo.threshold.is_nan() || slo.threshold <= 0.0) {
                 bad(
                     &format!("forecast.slos[{i}].threshold"),
                     format!("{} must be > 0 on a log-scale trend (or set scale: linear)", slo.threshold),
@@ -597,10 +597,8 @@ mod tests {
         assert_eq!(c.forecast.worst_of_days, 3);
         let e = Config::from_yaml("forecast:\n  worst_of_days: 0\n").unwrap_err();
         assert_eq!(e[0].path, "forecast.worst_of_days");
-        let e = Config::from_yaml(
-            "forecast:\n  slos:\n  - {name: t, indicator: ttft_p99, threshold: 0}\n",
-        )
-        .unwrap_err();
+        let e = Config::from_yaml("forecast:\n  slos:\n  - {name: t, indicator: ttft_p99, threshold: 0}\n")
+            .unwrap_err();
         assert_eq!(e[0].path, "forecast.slos[0].threshold");
         assert!(e[0].message.contains("log-scale"), "{}", e[0].message);
         let c = Config::from_yaml(
