@@ -267,6 +267,9 @@ pub struct ForecastConfig {
     pub lookback_days: usize,
     /// Confidence of the trend interval.
     pub confidence: f64,
+    /// The trend follows the worst daily value of each trailing window of this many days
+    /// (max for `above` SLOs, min for `below`); 7 removes a weekly cycle, 1 turns it off.
+    pub worst_of_days: usize,
     /// The SLOs.
     pub slos: Vec<SloConfig>,
 }
@@ -278,6 +281,7 @@ impl Default for ForecastConfig {
             min_days: 7,
             lookback_days: 28,
             confidence: 0.9,
+            worst_of_days: 7,
             slos: vec![
                 SloConfig::new("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above),
                 SloConfig::new("kv_usage", SloIndicator::KvUsage, 0.95, Direction::Above),
@@ -302,12 +306,34 @@ pub struct SloConfig {
     /// Breach direction.
     #[serde(default)]
     pub direction: Direction,
+    /// Scale the trend is fitted on (default: log for latency, linear otherwise).
+    #[serde(default)]
+    pub scale: Option<TrendScale>,
 }
 
 impl SloConfig {
     fn new(name: &str, indicator: SloIndicator, threshold: f64, direction: Direction) -> Self {
-        Self { name: name.into(), indicator, threshold, direction }
+        Self { name: name.into(), indicator, threshold, direction, scale: None }
     }
+
+    /// The trend's scale: as configured, else log for latency indicators (they grow by
+    /// factors: longer contexts, queueing) and linear for ratios.
+    pub fn trend_scale(&self) -> TrendScale {
+        self.scale.unwrap_or(match self.indicator {
+            SloIndicator::TtftP99 => TrendScale::Log,
+            _ => TrendScale::Linear,
+        })
+    }
+}
+
+/// The scale a forecast trend is fitted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrendScale {
+    /// Straight line in the indicator's units.
+    Linear,
+    /// Straight line in ln(indicator): constant relative growth per day; needs values > 0.
+    Log,
 }
 
 /// Daily SLO indicators.
@@ -413,10 +439,11 @@ impl Config {
         if self.store.minute_retention_days < self.store.raw_retention_days {
             bad("store.minute_retention_days", "must be >= store.raw_retention_days".into());
         }
-        if (self.store.day_retention_days as usize) < self.forecast.lookback_days {
+        let forecast_days = self.forecast.lookback_days + self.forecast.worst_of_days.max(1) - 1;
+        if (self.store.day_retention_days as usize) < forecast_days {
             bad(
                 "store.day_retention_days",
-                format!("must be >= forecast.lookback_days ({})", self.forecast.lookback_days),
+                format!("must be >= forecast.lookback_days + forecast.worst_of_days - 1 ({forecast_days})"),
             );
         }
         if self.http.max_body_bytes < 1024 {
@@ -514,11 +541,23 @@ impl Config {
         if f.lookback_days < f.min_days {
             bad("forecast.lookback_days", "must be >= forecast.min_days".into());
         }
+        if f.worst_of_days == 0 || f.worst_of_days > 31 {
+            bad(
+                "forecast.worst_of_days",
+                format!("{} must be in 1..=31 (7 removes a weekly cycle, 1 is off)", f.worst_of_days),
+            );
+        }
         if !(f.confidence > 0.5 && f.confidence < 1.0) {
             bad("forecast.confidence", format!("{} must be in (0.5, 1), e.g. 0.9", f.confidence));
         }
         let mut names = std::collections::HashSet::new();
         for (i, slo) in f.slos.iter().enumerate() {
+            if slo.trend_scale() == TrendScale::Log && (slo.threshold.is_nan() || slo.threshold <= 0.0) {
+                bad(
+                    &format!("forecast.slos[{i}].threshold"),
+                    format!("{} must be > 0 on a log-scale trend (or set scale: linear)", slo.threshold),
+                );
+            }
             if omen_sources::ingest::check_name(&format!("forecast.slos[{i}].name"), &slo.name).is_err() {
                 bad(
                     &format!("forecast.slos[{i}].name"),
@@ -587,6 +626,25 @@ mod tests {
         assert_eq!(c.http.listen.to_string(), "127.0.0.1:9464");
         assert_eq!(c.forecast.slos.len(), 5);
         assert_eq!(c.signals.window, 60);
+    }
+
+    #[test]
+    fn forecast_scale_and_worst_of_days_are_checked() {
+        let c = Config::from_yaml("forecast:\n  worst_of_days: 3\n").unwrap();
+        assert_eq!(c.forecast.worst_of_days, 3);
+        let e = Config::from_yaml("forecast:\n  worst_of_days: 0\n").unwrap_err();
+        assert_eq!(e[0].path, "forecast.worst_of_days");
+        let e = Config::from_yaml("forecast:\n  slos:\n  - {name: t, indicator: ttft_p99, threshold: 0}\n")
+            .unwrap_err();
+        assert_eq!(e[0].path, "forecast.slos[0].threshold");
+        assert!(e[0].message.contains("log-scale"), "{}", e[0].message);
+        let c = Config::from_yaml(
+            "forecast:\n  slos:\n  - {name: t, indicator: ttft_p99, threshold: 0, scale: linear}\n",
+        )
+        .unwrap();
+        assert_eq!(c.forecast.slos[0].trend_scale(), TrendScale::Linear);
+        let e = Config::from_yaml("store:\n  day_retention_days: 30\n").unwrap_err();
+        assert_eq!(e[0].path, "store.day_retention_days");
     }
 
     #[test]

@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Result;
-use omen_signals::{days_to_breach, theil_sen, BreachDirection, WindowAnomaly};
+use omen_signals::{days_to_breach, theil_sen, trailing_worst, BreachDirection, WindowAnomaly};
 use omen_sources::Sample;
 use serde::Serialize;
 
-use crate::config::{Config, Direction, SloConfig, SloIndicator};
+use crate::config::{Config, Direction, SloConfig, SloIndicator, TrendScale};
 use crate::metrics::{GaugeHandle, Labels, LiveMetrics};
 use crate::store::{SeriesId, Store, DAY_MS};
 
@@ -62,10 +62,12 @@ pub struct SloForecast {
     pub threshold: f64,
     /// Days of data the trend used.
     pub days: usize,
-    /// Latest daily indicator value.
+    /// Latest point the trend used: the worst daily value of the last `worst_of_days` days.
     pub latest: Option<f64>,
-    /// Trend slope per day.
+    /// Trend slope per day, in the indicator's units (linear scale) or ln units (log scale).
     pub slope_per_day: Option<f64>,
+    /// The scale the trend was fitted on.
+    pub scale: TrendScale,
     /// Days until breach (None: not forecast to breach).
     pub days_to_breach: Option<f64>,
     /// Far end of the interval.
@@ -540,29 +542,46 @@ impl Engine {
     fn forecasts(&self, now_ms: i64) -> Result<Vec<SloForecast>> {
         let f = &self.cfg.forecast;
         let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
-        let from = today - f.lookback_days as i64 * DAY_MS;
+        let worst_of = f.worst_of_days.max(1);
+        // Earlier days feed the first trailing windows, so the trend still spans lookback_days.
+        let from = today - (f.lookback_days + worst_of - 1) as i64 * DAY_MS;
         let mut out = Vec::new();
         for slo in &f.slos {
-            let daily = self.daily_indicator(slo, from, today)?;
+            let direction = match slo.direction {
+                Direction::Above => BreachDirection::Above,
+                Direction::Below => BreachDirection::Below,
+            };
+            let raw = self.daily_indicator(slo, from, today)?;
+            let y_raw: Vec<f64> = raw.iter().map(|d| d.1).collect();
+            let daily: Vec<(f64, f64)> = raw[raw.len().min(worst_of - 1)..]
+                .iter()
+                .map(|d| d.0)
+                .zip(trailing_worst(&y_raw, worst_of, direction))
+                .collect();
             let mut fc = SloForecast {
                 slo: slo.name.clone(),
                 threshold: slo.threshold,
                 days: daily.len(),
                 latest: daily.last().map(|d| d.1),
                 slope_per_day: None,
+                scale: slo.trend_scale(),
                 days_to_breach: None,
                 days_to_breach_upper: None,
                 early_warning: false,
             };
-            if daily.len() >= f.min_days {
-                let x: Vec<f64> = daily.iter().map(|d| d.0).collect();
-                let y: Vec<f64> = daily.iter().map(|d| d.1).collect();
+            // On a log scale, non-positive days (a latency of 0 is a broken probe) are left out.
+            let (points, threshold): (Vec<(f64, f64)>, f64) = match slo.trend_scale() {
+                TrendScale::Linear => (daily, slo.threshold),
+                TrendScale::Log => (
+                    daily.into_iter().filter(|d| d.1 > 0.0).map(|(x, y)| (x, y.ln())).collect(),
+                    slo.threshold.ln(),
+                ),
+            };
+            if points.len() >= f.min_days {
+                let x: Vec<f64> = points.iter().map(|d| d.0).collect();
+                let y: Vec<f64> = points.iter().map(|d| d.1).collect();
                 if let Ok(fit) = theil_sen(&x, &y, f.confidence) {
-                    let direction = match slo.direction {
-                        Direction::Above => BreachDirection::Above,
-                        Direction::Below => BreachDirection::Below,
-                    };
-                    let b = days_to_breach(&fit, now_ms as f64 / DAY_MS as f64, slo.threshold, direction);
+                    let b = days_to_breach(&fit, now_ms as f64 / DAY_MS as f64, threshold, direction);
                     fc.slope_per_day = Some(fit.slope);
                     fc.days_to_breach = b.days_to_breach;
                     fc.days_to_breach_upper = b.latest_days;
@@ -701,7 +720,7 @@ mod tests {
     #[test]
     fn rising_kv_usage_gives_an_early_warning() {
         let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(dir.path(), "forecast: {min_days: 7}\n");
+        let mut e = engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n");
         let t0 = 1_793_577_600_000;
         // 12 days of KV usage rising 2.5 points a day from 0.55, hourly samples with a daily cycle
         for h in 0..(12 * 24) {
@@ -726,5 +745,53 @@ mod tests {
         assert!(e.events().iter().any(|ev| ev.alert == "forecast:kv_usage"));
         let ttft = s.forecasts.iter().find(|f| f.slo == "ttft_p99").unwrap();
         assert!(ttft.days_to_breach.is_none() && !ttft.early_warning);
+    }
+
+    /// Daily p95 KV usage rising 0.01/day with a weekend dip of 0.15, over `days` days.
+    fn weekly_kv_engine(dir: &std::path::Path, forecast: &str, days: i64) -> Engine {
+        let mut e = engine(dir, forecast);
+        // 2026-11-02 is a Monday.
+        let t0 = 1_793_577_600_000;
+        for h in 0..(days * 24) {
+            let day = h / 24;
+            let weekend = if day % 7 >= 5 { 0.15 } else { 0.0 };
+            let v = 0.55 + 0.01 * day as f64 - weekend;
+            let labels = [("layer".to_owned(), "0".to_owned())].into();
+            let s =
+                Sample { ts_ms: t0 + h * 3_600_000, signal: "kvcache_usage_ratio".into(), labels, value: v };
+            e.process(vec![s]).unwrap();
+        }
+        e
+    }
+
+    #[test]
+    fn worst_of_seven_days_removes_a_weekly_dip_from_the_trend() {
+        let t_end = 1_793_577_600_000 + 26 * DAY_MS;
+        let dir = tempfile::tempdir().unwrap();
+        let mut weekly = weekly_kv_engine(dir.path(), "forecast: {min_days: 7}\n", 26);
+        let kv = weekly.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        // 26 complete days give 20 trailing weekly maxima: the weekday line, slope 0.01.
+        assert_eq!(kv.days, 20, "{kv:?}");
+        assert!((kv.slope_per_day.unwrap() - 0.01).abs() < 1e-9, "{kv:?}");
+        assert!((kv.latest.unwrap() - (0.55 + 0.01 * 25.0)).abs() < 1e-9, "{kv:?}");
+        // 0.95 - 0.80 at 0.01/day: 15 days after the last day's value (at 25.5), tight interval.
+        let d = kv.days_to_breach.unwrap();
+        assert!((d - 15.0).abs() < 0.6, "{kv:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut daily = weekly_kv_engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n", 26);
+        let kv = daily.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        // Day by day, the weekends widen the slope interval: the far end drifts away.
+        let far = kv.days_to_breach_upper.unwrap_or(f64::INFINITY);
+        assert!(far > d + 1.0, "{kv:?}");
+    }
+
+    #[test]
+    fn latency_trends_are_fitted_on_a_log_scale() {
+        let cfg = crate::config::Config::default();
+        let ttft = cfg.forecast.slos.iter().find(|s| s.name == "ttft_p99").unwrap();
+        assert_eq!(ttft.trend_scale(), TrendScale::Log);
+        let kv = cfg.forecast.slos.iter().find(|s| s.name == "kv_usage").unwrap();
+        assert_eq!(kv.trend_scale(), TrendScale::Linear);
     }
 }

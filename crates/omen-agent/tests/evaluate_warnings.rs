@@ -15,8 +15,8 @@ fn short_scenarios_meet_the_warning_targets() {
     for (file, text) in [
         (
             "creep.yaml",
-            "name: creep\nseed: 11\ndays: 28\nstep: 30m\n\
-             fault: {kind: kv_fragmentation_creep, onset_days: 2, magnitude: 0.03}\n",
+            "name: creep\nseed: 11\ndays: 36\nstep: 30m\n\
+             fault: {kind: kv_fragmentation_creep, onset_days: 2, magnitude: 0.025}\n",
         ),
         ("healthy.yaml", "name: healthy\nseed: 12\ndays: 28\nstep: 30m\n"),
         (
@@ -36,11 +36,11 @@ fn short_scenarios_meet_the_warning_targets() {
     let warning = creep.first_warning_ts_ms.expect("an early warning for kvf");
     assert!(warning < breach, "{:?}", creep.events);
     // The early warning fires once the forecast breach *and* its interval's far end are
-    // within the 14-day horizon, and forecasts move once a day, so the lead time is capped
-    // near 14 days; the pipeline measures 12 here and misses the >= 14 target (see
-    // docs/evaluation.md). This checks the lead it does give, and that the report says so.
+    // within the 14-day horizon, so on a clean linear drift the lead is capped just under
+    // 14 days (the far end lies past the central estimate); the pipeline measures 13.0 here.
+    // This checks the lead it does give, and that the report says whether the target is met.
     let lead = creep.lead_days.unwrap();
-    assert!(lead >= 10.0, "lead {lead}");
+    assert!(lead >= 12.0, "lead {lead}");
     assert_eq!(report.summary.lead_target_met, lead >= TARGET_LEAD_DAYS);
     assert_eq!(creep.false_alarms, 0, "{:?}", creep.events);
 

@@ -22,7 +22,9 @@ pub use rci::{
     consistency_decay_index, repetition_ratio, Rci, RciParts, RciWeights, SemanticSimilarity, StreamingRci,
 };
 pub use tle::{first_token_entropy_bits, first_token_entropy_from_top_logprobs, TopKEntropy};
-pub use trend::{days_to_breach, theil_sen, BreachDirection, BreachForecast, TheilSen, EARLY_WARNING_DAYS};
+pub use trend::{
+    days_to_breach, theil_sen, trailing_worst, BreachDirection, BreachForecast, TheilSen, EARLY_WARNING_DAYS,
+};
 pub use window::{window_anomaly_score_direct, WindowAnomaly, WindowScore, SKEW_WEIGHT, STD_EPSILON};
 
 /// Errors from the signal computations; each names the input and what is wrong with it.

@@ -138,6 +138,24 @@ impl BreachForecast {
     }
 }
 
+/// Trailing worst value over `window` points (max for [`BreachDirection::Above`], min for
+/// [`BreachDirection::Below`]): element i is the worst of `values[i+1-window..=i]`, for the
+/// complete windows only (so `values.len() + 1 - window` elements; empty when too short).
+///
+/// An SLO on a daily indicator breaks on its worst day, so the forecast follows the weekly
+/// worst case: with `window = 7` a weekly cycle (weekend load dip) drops out of the trend.
+pub fn trailing_worst(values: &[f64], window: usize, direction: BreachDirection) -> Vec<f64> {
+    if window == 0 || values.len() < window {
+        return Vec::new();
+    }
+    let worse = |a: f64, b: f64| match direction {
+        BreachDirection::Above => a.max(b),
+        BreachDirection::Below => a.min(b),
+    };
+    // O(n * window) is fine here: the input is one point per day over a 28-day lookback.
+    values.windows(window).map(|w| w.iter().copied().reduce(worse).expect("window > 0")).collect()
+}
+
 /// Days from `now` until the line through (x0, y0) with `slope` crosses `threshold`.
 fn crossing_days(
     x0: f64,
@@ -223,6 +241,33 @@ mod tests {
         let f = days_to_breach(&fit, 2.0, 4.0, BreachDirection::Above);
         assert!(f.already_breached);
         assert_eq!(f.days_to_breach, Some(0.0));
+    }
+
+    #[test]
+    fn trailing_worst_takes_complete_windows() {
+        let v = [1.0, 3.0, 2.0, 0.5, 4.0];
+        assert_eq!(trailing_worst(&v, 3, BreachDirection::Above), vec![3.0, 3.0, 4.0]);
+        assert_eq!(trailing_worst(&v, 3, BreachDirection::Below), vec![1.0, 0.5, 0.5]);
+        assert_eq!(trailing_worst(&v, 1, BreachDirection::Above), v.to_vec());
+        assert!(trailing_worst(&v, 6, BreachDirection::Above).is_empty());
+        assert!(trailing_worst(&v, 0, BreachDirection::Above).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn trailing_worst_bounds_every_value_in_its_window(
+            v in proptest::collection::vec(-1e3f64..1e3, 1..40),
+            window in 1usize..10,
+        ) {
+            let hi = trailing_worst(&v, window, BreachDirection::Above);
+            let lo = trailing_worst(&v, window, BreachDirection::Below);
+            prop_assert_eq!(hi.len(), (v.len() + 1).saturating_sub(window));
+            for (i, (h, l)) in hi.iter().zip(&lo).enumerate() {
+                let w = &v[i..i + window];
+                prop_assert!(w.iter().all(|x| x <= h && x >= l));
+                prop_assert!(w.contains(h) && w.contains(l));
+            }
+        }
     }
 
     #[test]
