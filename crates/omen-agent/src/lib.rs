@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod otlp;
 pub mod replay;
 pub mod run;
+pub mod semantic;
 pub mod simulate;
 pub mod store;
 pub mod trace_file;
