@@ -109,6 +109,7 @@ async fn canary_and_scrape_sources_feed_the_pipeline() {
 }
 
 /// The BERTScore model folder `make setup` installs (or OMEN_BERTSCORE_MODEL_DIR).
+#[cfg(feature = "bertscore")]
 fn bertscore_model_dir() -> std::path::PathBuf {
     let dir = std::env::var_os("OMEN_BERTSCORE_MODEL_DIR")
         .map(std::path::PathBuf::from)
