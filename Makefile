@@ -112,4 +112,4 @@ fixtures-bert: $(BERT_VENV)/.installed
 
 clean:
 	$(CARGO) clean
-	rm -rf $(TOOLS) $(REF_VENV)
+	rm -rf $(TOOLS) $(REF_VENV) $(BERT_VENV)
