@@ -42,9 +42,14 @@ async fn load_dir(dir: std::path::PathBuf) -> Result<SemanticModel> {
         .await
         .context("BERTScore loading task")?
         .with_context(|| format!("sources.canary.bertscore_model_dir: {shown}"))?;
+    // A sidecar shares its node with the inference server: one libtorch thread, unless the
+    // operator sets OMP_NUM_THREADS (spinning OpenMP threads on busy cores cost ~15x).
+    let threads = std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let scorer = scorer.with_threads(threads);
     info!(
         model_dir = %shown,
         layer = scorer.num_layers(),
+        threads,
         load_ms = started.elapsed().as_millis() as u64,
         "BERTScore on: canary RCI includes 1 - BERTScore F1"
     );

@@ -12,6 +12,11 @@ fn bench_pair(c: &mut Criterion) {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEFAULT_MODEL_DIR));
     let scorer = BertScorer::load(&dir).unwrap_or_else(|e| panic!("{e}"));
+    // As the agent runs it: one libtorch thread unless OMP_NUM_THREADS says otherwise.
+    let scorer = match std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse().ok()) {
+        Some(n) => scorer.with_threads(n),
+        None => scorer.with_threads(1),
+    };
     let candidate = "The capital of France is Paris, which is also the country's largest city.";
     let reference = "Paris is the capital of France.";
     c.bench_function("bertscore_pair_canary", |b| b.iter(|| scorer.score(candidate, reference).unwrap()));

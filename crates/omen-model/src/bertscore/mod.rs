@@ -128,6 +128,7 @@ pub struct BertScorer {
     num_layers: usize,
     cls_id: u32,
     sep_id: u32,
+    threads: Option<usize>,
 }
 
 impl std::fmt::Debug for BertScorer {
@@ -163,7 +164,7 @@ impl BertScorer {
         let (cls_id, sep_id) = (special("[CLS]")?, special("[SEP]")?);
         let num_layers = config.num_hidden_layers;
         let encoder = BertEncoder::load(config, &dir.join("model.safetensors"))?;
-        Ok(Self { tokenizer, encoder, num_layers, cls_id, sep_id })
+        Ok(Self { tokenizer, encoder, num_layers, cls_id, sep_id, threads: None })
     }
 
     /// Compares the hidden states after layer `num_layers` (1-based) instead of the last.
@@ -174,6 +175,16 @@ impl BertScorer {
         }
         self.num_layers = num_layers;
         Ok(self)
+    }
+
+    /// Runs libtorch's CPU kernels on `threads` threads when scoring (default: libtorch's
+    /// choice, OMP_NUM_THREADS or every core). Set on the scoring thread at each call,
+    /// because OpenMP keeps the count per calling thread. On a node whose cores are busy
+    /// (a sidecar beside an inference server) one thread is about 15x faster than two
+    /// spinning OpenMP threads (docs/bertscore.md).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads.max(1));
+        self
     }
 
     /// The layer whose hidden states are compared (1-based).
@@ -203,6 +214,9 @@ impl BertScorer {
 
     /// BERTScore P, R and F1 of `candidate` against `reference`.
     pub fn score(&self, candidate: &str, reference: &str) -> Result<BertScore, BertScoreError> {
+        if let Some(threads) = self.threads {
+            tch::set_num_threads(i32::try_from(threads).unwrap_or(i32::MAX));
+        }
         let (cand, refr) = (self.embed(candidate)?, self.embed(reference)?);
         let torch = |source| BertScoreError::Torch { what: "computing token similarities", source };
         let sim = cand.unit_states.f_matmul(&refr.unit_states.f_tr().map_err(torch)?).map_err(torch)?;
