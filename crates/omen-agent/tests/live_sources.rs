@@ -130,8 +130,10 @@ async fn canary_with_bertscore_exports_its_f1_and_weighs_it_into_rci() {
     let c = reqwest::Client::new();
     wait_healthy(&c, port).await;
     let dir = tempfile::tempdir().unwrap();
-    // With a configured reference every probe scores RCI, BERTScore included.
-    let reference = "The capital of France is Paris.";
+    // With a configured reference every probe scores RCI, BERTScore included. SmolLM2 answers
+    // "The capital of France is Paris."; a reference in other words keeps BLEU and F1 below 1,
+    // so that the weights applied can be told apart.
+    let reference = "Paris, a city on the Seine, has long been the French capital.";
     let yaml = format!(
         "store:\n  path: {db}\nhttp:\n  listen: 127.0.0.1:0\nhealth:\n  interval: 1s\nsources:\n  canary:\n    interval: 1s\n    bertscore_model_dir: {model}\n    target:\n      base_url: http://127.0.0.1:{port}/v1\n      model: smollm2-135m\n      max_tokens: 16\n    prompts:\n      - id: capital\n        prompt: What is the capital of France? Answer in one sentence.\n        reference: {reference}\n",
         db = dir.path().join("omen.db").display(),
@@ -162,8 +164,10 @@ async fn canary_with_bertscore_exports_its_f1_and_weighs_it_into_rci() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     assert!(metrics.contains("omen_source_up{source=\"canary\"} 1"), "{metrics}");
-    // SmolLM2 names Paris in some wording: a semantic match far above a non-answer's (~0.06).
-    assert!(f1 > 0.3 && f1 <= 1.0, "BERTScore F1 {f1} (BLEU {bleu}, repetition {repetition}, RCI {rci})");
+    // A paraphrase: a semantic match far above a non-answer's (~0.06), below an identical answer's 1.
+    assert!(f1 > 0.3 && f1 < 0.99, "BERTScore F1 {f1} (BLEU {bleu}, repetition {repetition}, RCI {rci})");
+    let renormalised = 2.0 / 3.0 * (1.0 - bleu) + 1.0 / 3.0 * repetition;
+    assert!((rci - renormalised).abs() > 1e-3, "RCI {rci} is the value without BERTScore");
     eprintln!("canary: BERTScore F1 {f1:.4}, BLEU {bleu:.4}, repetition {repetition:.4}, RCI {rci:.4}");
     agent.stop().await.unwrap();
 }
