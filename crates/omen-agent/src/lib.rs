@@ -14,6 +14,7 @@ pub mod model_cli;
 pub mod otlp;
 pub mod replay;
 pub mod run;
+pub mod semantic;
 pub mod simulate;
 pub mod store;
 pub mod trace_file;

@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::http::{self, AppState, IngestJob};
 use crate::metrics::{self, LiveMetrics};
+use crate::semantic::{self, SemanticModel};
 use crate::store::Store;
 use crate::trace_file;
 
@@ -84,6 +85,8 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     let token = cfg.ingest_token().map_err(|p| anyhow::anyhow!("{p}"))?;
     let store = Arc::new(Store::open(&cfg.store.path)?);
     info!(path = %store.path().display(), "store open");
+    // Before anything starts, so that a bad model folder fails start-up.
+    let semantic = semantic::load(&cfg).await?;
     let live = Arc::new(LiveMetrics::new());
     let registry = Arc::new(metrics::registry(live.clone()));
     // Before any source starts, so that the OTLP histograms see every latency.
@@ -177,7 +180,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
             let _ = trace_done_tx.send(true);
         }));
     }
-    spawn_live_sources(&cfg, &store, &live, &ingest_tx, &shutdown_rx, &mut servers)?;
+    spawn_live_sources(&cfg, &store, &live, &ingest_tx, &shutdown_rx, semantic, &mut servers)?;
     drop(ingest_tx);
     Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done, otlp })
 }
@@ -256,6 +259,7 @@ fn spawn_live_sources(
     live: &Arc<LiveMetrics>,
     tx: &mpsc::Sender<IngestJob>,
     stop: &tokio::sync::watch::Receiver<bool>,
+    semantic: Option<Arc<SemanticModel>>,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<()> {
     if cfg.sources.nvml.enabled {
@@ -324,12 +328,19 @@ fn spawn_live_sources(
         let prompts = Arc::new(c.prompts.clone());
         let (live, tx, store) = (live.clone(), tx.clone(), store.clone());
         tasks.push(every(c.interval, stop.clone(), move || {
-            let (client, target, prompts, live, tx, store) =
-                (client.clone(), target.clone(), prompts.clone(), live.clone(), tx.clone(), store.clone());
+            let (client, target, prompts, live, tx, store, semantic) = (
+                client.clone(),
+                target.clone(),
+                prompts.clone(),
+                live.clone(),
+                tx.clone(),
+                store.clone(),
+                semantic.clone(),
+            );
             async move {
                 let mut all_ok = true;
                 for canary in prompts.iter() {
-                    match probe_canary(&client, &target, canary, &store, weights).await {
+                    match probe_canary(&client, &target, canary, &store, weights, semantic.as_ref()).await {
                         Ok(samples) => offer(&live, &tx, samples, "canary"),
                         Err(e) => {
                             all_ok = false;
@@ -344,13 +355,15 @@ fn spawn_live_sources(
     Ok(())
 }
 
-/// One probe; the first answer of a canary without a configured reference becomes its stored reference.
+/// One probe; the first answer of a canary without a configured reference becomes its stored
+/// reference. With a semantic model, RCI of an answer that has a reference includes BERTScore F1.
 async fn probe_canary(
     client: &reqwest::Client,
     target: &omen_sources::CanaryTarget,
     canary: &omen_sources::Canary,
     store: &Arc<Store>,
     weights: omen_signals::RciWeights,
+    semantic: Option<&Arc<SemanticModel>>,
 ) -> Result<Vec<omen_sources::Sample>> {
     let stored = match &canary.reference {
         Some(_) => None,
@@ -359,11 +372,16 @@ async fn probe_canary(
             tokio::task::spawn_blocking(move || store.canary_reference(&id)).await??
         }
     };
+    let reference_text = canary.reference.clone().or_else(|| stored.clone());
     let reference = match stored {
         Some(text) => Some(Arc::new(omen_signals::BleuReference::new(&[text])?)),
         None => None,
     };
-    let result = omen_sources::probe(client, target, canary, reference, weights).await?;
+    let mut result = omen_sources::probe(client, target, canary, reference, weights).await?;
+    if let (Some(model), Some(reference_text), Some(_)) = (semantic, reference_text, &result.rci) {
+        let f1 = model.f1(result.answer.clone(), reference_text).await?;
+        result.set_semantic_f1(&canary.id, f1)?;
+    }
     if canary.reference.is_none() && result.rci.is_none() {
         let (store, id, answer) = (store.clone(), canary.id.clone(), result.answer.clone());
         tokio::task::spawn_blocking(move || store.set_canary_reference(&id, &answer, now_ms())).await??;

@@ -2,6 +2,8 @@
 //! peaks-over-threshold (EVT) threshold that maps reconstruction errors to a
 //! [0, 1] severity. The LSTM autoencoder on tch builds on these.
 
+#[cfg(feature = "bertscore")]
+pub mod bertscore;
 pub mod eval;
 pub mod features;
 #[cfg(feature = "torch")]
