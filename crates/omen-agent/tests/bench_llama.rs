@@ -3,46 +3,19 @@
 //! with a handful of short requests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-struct Server(Child);
+mod support;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::Server;
 
 fn start_llama_server() -> (Server, u16) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new("bash")
-        .arg(root.join("scripts/llm-server.sh"))
-        .arg("path")
-        .output()
-        .expect("run scripts/llm-server.sh");
-    assert!(
-        out.status.success(),
-        "llama.cpp server not installed; run `make setup`: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut lines = text.lines();
-    let (server, model) = (lines.next().unwrap().to_owned(), lines.next().unwrap().to_owned());
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(&server)
-        .args(["-m", &model, "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["-c", "2048", "-np", "1", "-t", "2", "--alias", "smollm2-135m"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {server}: {e}; run `make setup`"));
-    let me = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let (me, port) = support::start_llama_server(&[]);
+    // Generous: on a loaded 2-core machine the model load alone can take tens of seconds.
+    let deadline = Instant::now() + Duration::from_secs(120);
     let url = format!("http://127.0.0.1:{port}/health");
     while !Command::new("curl")
         .args(["-fsS", "--max-time", "2", &url])

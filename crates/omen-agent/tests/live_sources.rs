@@ -4,46 +4,13 @@
 //! (all-MiniLM-L6-v2 from `make setup`) joining the canary's RCI.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use omen_agent::config::Config;
 
-struct Server(Child);
+mod support;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_llama_server() -> (Server, u16) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new("bash")
-        .arg(root.join("scripts/llm-server.sh"))
-        .arg("path")
-        .output()
-        .expect("run scripts/llm-server.sh");
-    assert!(
-        out.status.success(),
-        "llama.cpp server not installed; run `make setup`: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut lines = text.lines();
-    let (server, model) = (lines.next().unwrap().to_owned(), lines.next().unwrap().to_owned());
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(&server)
-        .args(["-m", &model, "--host", "127.0.0.1", "--port", &port.to_string(), "--metrics"])
-        .args(["-c", "2048", "-np", "1", "-t", "2", "--alias", "smollm2-135m"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {server}: {e}; run `make setup`"));
-    (Server(child), port)
-}
+use support::start_llama_server;
 
 /// The value of the exposition line that starts with `series`.
 fn metric_value(text: &str, series: &str) -> f64 {
@@ -68,7 +35,7 @@ async fn wait_healthy(c: &reqwest::Client, port: u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_and_scrape_sources_feed_the_pipeline() {
-    let (_server, port) = start_llama_server();
+    let (_server, port) = start_llama_server(&["--metrics"]);
     let c = reqwest::Client::new();
     wait_healthy(&c, port).await;
 
@@ -126,7 +93,7 @@ fn bertscore_model_dir() -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_with_bertscore_exports_its_f1_and_weighs_it_into_rci() {
     let model_dir = bertscore_model_dir();
-    let (_server, port) = start_llama_server();
+    let (_server, port) = start_llama_server(&["--metrics"]);
     let c = reqwest::Client::new();
     wait_healthy(&c, port).await;
     let dir = tempfile::tempdir().unwrap();
