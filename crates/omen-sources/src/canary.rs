@@ -524,7 +524,7 @@ impl Logprobs {
 // ------------------------------------------------------------ the probe
 
 /// An error and its causes on one line: reqwest's own message leaves out why (e.g. connection refused).
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -9,7 +9,7 @@ pub mod sample;
 pub mod scrape;
 pub mod trace;
 
-pub use canary::{probe, Canary, CanaryError, CanaryResult, CanaryTarget};
+pub use canary::{error_chain, probe, Canary, CanaryError, CanaryResult, CanaryTarget};
 pub use nvml::{GpuSampler, NvmlError};
 pub use sample::{Sample, SeriesKey};
 pub use scrape::{ScrapeError, Scraper, ServerKind};

@@ -197,25 +197,11 @@ struct Usage {
     completion_tokens: Option<u64>,
 }
 
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
-
 fn transport(url: &str, timeout: Duration, e: reqwest::Error) -> RequestError {
     if e.is_timeout() {
         RequestError::Timeout { url: url.to_owned(), timeout }
     } else {
-        RequestError::Transport { url: url.to_owned(), detail: chain(&e) }
+        RequestError::Transport { url: url.to_owned(), detail: omen_sources::error_chain(&e) }
     }
 }
 
