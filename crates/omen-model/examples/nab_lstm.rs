@@ -9,7 +9,7 @@
 //! `--epochs 60` `--batch 32` `--stride 1` `--lr 0.005` `--patience 8` `--threads 1` `--prune 0.6`
 //! `--fine-tune 5` `--anomaly-window 64` `--only SUBSTRING` (files whose path contains it) `--new-highs K` (report only scores above
 //! every score of the previous K rows; 0 = off).
-//! OMEN_NAB_DIR overrides the data directory (default ../shared/data/nab beside the repository).
+//! OMEN_NAB_DIR overrides the data directory (default data/nab in the repository).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -113,7 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tch::set_num_threads(o.threads);
     let dir = std::env::var_os("OMEN_NAB_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/nab"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
     let corpus = NabCorpus::load(&dir)?;
     let names = [
         "window score",

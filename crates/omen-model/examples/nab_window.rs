@@ -2,7 +2,7 @@
 //! normalised NAB score next to numenta's, both optimised with the same threshold sweep.
 //!
 //! Usage: `cargo run -p omen-model --example nab_window [-- WINDOW]` (OMEN_NAB_DIR overrides
-//! the data directory, default ../shared/data/nab beside the repository).
+//! the data directory, default data/nab in the repository).
 
 use std::path::PathBuf;
 
@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let window: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(64);
     let dir = std::env::var_os("OMEN_NAB_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/nab"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
     let corpus = NabCorpus::load(&dir)?;
     let (mut omen, mut numenta) = (Vec::new(), Vec::new());
     for sub in ["realAWSCloudwatch", "realKnownCause"] {

@@ -14,7 +14,7 @@ use omen_model::nab::{self, NabCorpus};
 fn nyc_taxi_lstm_ae_beats_the_null_detector() {
     let dir = std::env::var_os("OMEN_NAB_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/nab"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
     assert!(
         dir.join("labels/combined_windows.json").is_file(),
         "NAB data not found at {}; set OMEN_NAB_DIR",
