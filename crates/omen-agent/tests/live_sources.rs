@@ -3,7 +3,6 @@
 //! server /metrics scrape, NVML absent on a machine without a GPU, and BERTScore
 //! (all-MiniLM-L6-v2 from `make setup`) joining the canary's RCI.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use omen_agent::config::Config;
@@ -78,9 +77,10 @@ async fn canary_and_scrape_sources_feed_the_pipeline() {
 /// The BERTScore model folder `make setup` installs (or OMEN_BERTSCORE_MODEL_DIR).
 #[cfg(feature = "bertscore")]
 fn bertscore_model_dir() -> std::path::PathBuf {
-    let dir = std::env::var_os("OMEN_BERTSCORE_MODEL_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.models/all-MiniLM-L6-v2"));
+    let dir =
+        std::env::var_os("OMEN_BERTSCORE_MODEL_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.models/all-MiniLM-L6-v2")
+        });
     assert!(
         dir.join("model.safetensors").is_file(),
         "no BERTScore model in {}; run `make setup` (scripts/setup-bertscore-model.sh)",
