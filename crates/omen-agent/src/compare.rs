@@ -7,7 +7,8 @@
 use std::path::Path;
 
 use omen_signals::{
-    delta_metric, percentile_difference_ci, quantile_linear, BootstrapInterval, DeltaVerdict,
+    delta_metric, interval_from_differences, percentile_difference_ci, quantile_linear, BootstrapInterval,
+    DeltaVerdict,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt as _, SeedableRng};
@@ -182,18 +183,8 @@ pub fn mean_difference_ci<R: Rng + ?Sized>(
     let resampled = |xs: &[f64], rng: &mut R| {
         (0..xs.len()).map(|_| xs[rng.random_range(0..xs.len())]).sum::<f64>() / xs.len() as f64
     };
-    let mut diffs: Vec<f64> = (0..resamples).map(|_| resampled(b, rng) - resampled(a, rng)).collect();
-    diffs.sort_by(f64::total_cmp);
-    let tail = (1.0 - confidence) / 2.0;
-    let (lower, upper) = (quantile_linear(&diffs, tail), quantile_linear(&diffs, 1.0 - tail));
-    let verdict = if lower > 0.0 {
-        DeltaVerdict::Increase
-    } else if upper < 0.0 {
-        DeltaVerdict::Decrease
-    } else {
-        DeltaVerdict::Noise
-    };
-    Some(BootstrapInterval { estimate: mean(b) - mean(a), lower, upper, confidence, resamples, verdict })
+    let diffs: Vec<f64> = (0..resamples).map(|_| resampled(b, rng) - resampled(a, rng)).collect();
+    Some(interval_from_differences(mean(b) - mean(a), diffs, confidence))
 }
 
 /// Completions (or tokens) per second in equal time bins of the run; their mean is the run's throughput.

@@ -107,6 +107,13 @@ pub fn percentile_difference_ci<R: Rng + ?Sized>(
         let qb = resampled_quantile(&sb, &mut buf_b, q, rng);
         diffs.push(qb - qa);
     }
+    Ok(interval_from_differences(estimate, diffs, confidence))
+}
+
+/// The percentile interval at `confidence` of bootstrap differences `diffs` (B - A, one per
+/// resample) around `estimate`, and its verdict: an increase or decrease only when the whole
+/// interval lies on one side of 0.
+pub fn interval_from_differences(estimate: f64, mut diffs: Vec<f64>, confidence: f64) -> BootstrapInterval {
     diffs.sort_by(f64::total_cmp);
     let tail = (1.0 - confidence) / 2.0;
     let lower = quantile_linear(&diffs, tail);
@@ -118,7 +125,7 @@ pub fn percentile_difference_ci<R: Rng + ?Sized>(
     } else {
         DeltaVerdict::Noise
     };
-    Ok(BootstrapInterval { estimate, lower, upper, confidence, resamples, verdict })
+    BootstrapInterval { estimate, lower, upper, confidence, resamples: diffs.len(), verdict }
 }
 
 /// Quantile of one bootstrap resample of `sorted`, drawn into `buf`.

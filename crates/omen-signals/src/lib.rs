@@ -13,7 +13,10 @@ pub mod trend;
 pub mod window;
 
 pub use bleu::{sentence_bleu, tokenize_13a, BleuReference, BleuScore, BleuStats};
-pub use delta::{delta_metric, percentile_difference_ci, quantile_linear, BootstrapInterval, DeltaVerdict};
+pub use delta::{
+    delta_metric, interval_from_differences, percentile_difference_ci, quantile_linear, BootstrapInterval,
+    DeltaVerdict,
+};
 pub use kvf::{
     blocks_needed, first_fit_contiguous, fragmentation_from_bitmap, fragmentation_from_extents,
     fragmentation_from_occupancy, plan_paged_blocks, BlockPlan, Fragmentation, KVF_ALERT_THRESHOLD,
