@@ -19,6 +19,11 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
 }
 
+/// GET `url` and decode the body as JSON.
+async fn get_json(c: &reqwest::Client, url: String) -> Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_query_and_export() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,28 +86,14 @@ async fn ingest_query_and_export() {
     assert_eq!(r.status(), 413);
 
     // /scores
-    let r: Value = c
-        .get(format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-1h"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = get_json(&c, format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-1h")).await;
     assert_eq!(r["signal"], "kvf_ratio");
     let series = r["series"].as_array().unwrap();
     assert_eq!(series.len(), 1);
     let v = series[0]["points"][0][1].as_f64().unwrap();
     assert!((v - 13.0 / 7.0).abs() < 1e-12, "{r}");
     // a short span of one series takes the inline read path: the same answer
-    let short: Value = c
-        .get(format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-5m"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let short: Value = get_json(&c, format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-5m")).await;
     assert_eq!(short["series"].as_array().unwrap().len(), 1, "{short}");
     assert_eq!(short["series"][0]["points"][0][1], series[0]["points"][0][1]);
     assert_eq!(short["resolution"], "raw");
@@ -114,7 +105,7 @@ async fn ingest_query_and_export() {
         c.get(format!("{base}/scores?signal=x&since=now-30d&step=1s")).send().await.unwrap().status(),
         400
     );
-    let latest: Value = c.get(format!("{base}/scores/latest")).send().await.unwrap().json().await.unwrap();
+    let latest: Value = get_json(&c, format!("{base}/scores/latest")).await;
     assert!(latest["signals"]
         .as_array()
         .unwrap()
@@ -122,14 +113,7 @@ async fn ingest_query_and_export() {
         .any(|s| s["signal"] == "tle_bits" && (s["value"].as_f64().unwrap() - 2.0).abs() < 1e-6));
     assert!(latest["health"]["health_score"].as_f64().is_some(), "{latest}");
     // filtered by signal and labels: only the matching series, the same shape
-    let only: Value = c
-        .get(format!("{base}/scores/latest?signal=kvf_ratio&layer=3"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let only: Value = get_json(&c, format!("{base}/scores/latest?signal=kvf_ratio&layer=3")).await;
     let signals = only["signals"].as_array().unwrap();
     assert_eq!(signals.len(), 1, "{only}");
     assert_eq!(signals[0]["labels"], json!({"gpu": "0", "layer": "3"}));
@@ -146,8 +130,7 @@ async fn ingest_query_and_export() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let depth: Value =
-        c.get(format!("{base}/scores/latest?signal=queue_depth")).send().await.unwrap().json().await.unwrap();
+    let depth: Value = get_json(&c, format!("{base}/scores/latest?signal=queue_depth")).await;
     assert_eq!(depth["signals"][0]["value"], 9.0, "{depth}");
 
     // /metrics on the metrics listener, OpenMetrics
