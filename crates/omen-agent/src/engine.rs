@@ -200,17 +200,18 @@ impl Engine {
     #[cfg(feature = "lstm")]
     fn score_model(&mut self, now_ms: i64, out: &mut Vec<Sample>) -> Result<()> {
         let Some(model) = self.model.as_mut() else { return Ok(()) };
-        // Keys as SeriesKey displays them (`signal{k="v"}`), the form the model names its sources in.
-        let latest: HashMap<String, f64> = self
-            .series
-            .iter()
-            .flat_map(|(signal, by_labels)| by_labels.iter().map(move |(labels, st)| (signal, labels, st)))
-            .filter(|(_, _, st)| now_ms - st.last_ts <= STALE_MS)
-            .map(|(signal, labels, st)| {
-                let key = omen_sources::SeriesKey { signal: signal.clone(), labels: labels.clone() };
-                (key.to_string(), st.last_value)
-            })
-            .collect();
+        // Keys as SeriesKey displays them (`signal{k="v"}`), the form the model names its sources in;
+        // only the model's own signals are read, not every live series.
+        let signals: std::collections::BTreeSet<&str> =
+            model.sources().iter().map(|s| s.split('{').next().unwrap_or(s)).collect();
+        let mut latest: HashMap<String, f64> = HashMap::new();
+        for signal in signals {
+            let Some(by_labels) = self.series.get(signal) else { continue };
+            for (labels, st) in by_labels.iter().filter(|(_, st)| now_ms - st.last_ts <= STALE_MS) {
+                let key = omen_sources::SeriesKey { signal: signal.to_owned(), labels: labels.clone() };
+                latest.insert(key.to_string(), st.last_value);
+            }
+        }
         match model.tick(|s| latest.get(s).copied())? {
             crate::lstm_live::Tick::Scored { severity, .. } => {
                 self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
