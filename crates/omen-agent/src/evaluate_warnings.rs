@@ -122,17 +122,7 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
         .then(|| events.iter().find(|e| e.ts_ms >= onset && e.alert == "health" && e.level != Level::Ok))
         .flatten()
         .map(|e| (e.ts_ms - onset) as f64 / 60_000.0);
-    // An alarm episode starts when health leaves Ok, or when an early warning turns on.
-    let mut level = Level::Ok;
-    let mut false_alarms = 0;
-    for e in events.iter().filter(|e| e.ts_ms < onset) {
-        if e.alert == "health" {
-            if level == Level::Ok && e.level != Level::Ok {
-                false_alarms += 1;
-            }
-            level = e.level;
-        }
-    }
+    let false_alarms = alarm_episodes(events.iter().filter(|e| e.ts_ms < onset));
     let clean_days =
         if labels.onset_ts_ms.is_some() { (onset - labels.first_ts_ms) as f64 / DAY_MS } else { days };
     ScenarioResult {
@@ -146,6 +136,20 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
         false_alarms_per_week: if clean_days > 0.0 { false_alarms as f64 / (clean_days / 7.0) } else { 0.0 },
         events,
     }
+}
+
+/// Alarm episodes among `events`: each time the health alert or an early warning
+/// (`forecast:*`) leaves Ok, counted per alert, since each one pages on its own.
+fn alarm_episodes<'a>(events: impl Iterator<Item = &'a AlertEvent>) -> usize {
+    let mut levels: std::collections::HashMap<&str, Level> = std::collections::HashMap::new();
+    let mut episodes = 0;
+    for e in events.filter(|e| e.alert == "health" || e.alert.starts_with("forecast:")) {
+        let before = levels.insert(e.alert.as_str(), e.level).unwrap_or(Level::Ok);
+        if before == Level::Ok && e.level != Level::Ok {
+            episodes += 1;
+        }
+    }
+    episodes
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -249,4 +253,30 @@ pub fn table(report: &Report) -> String {
         ok(m.detection_target_met)
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(ts_ms: i64, alert: &str, level: Level) -> AlertEvent {
+        AlertEvent { ts_ms, alert: alert.into(), level, reason: String::new() }
+    }
+
+    #[test]
+    fn early_warnings_and_health_each_count_as_alarms() {
+        let events = [
+            event(1, "health", Level::Warning),
+            event(2, "health", Level::Critical),
+            event(3, "forecast:kv_usage", Level::Warning),
+            event(4, "health", Level::Ok),
+            event(5, "forecast:kv_usage", Level::Ok),
+            event(6, "forecast:kv_usage", Level::Warning),
+            event(7, "health", Level::Warning),
+        ];
+        // health: 1 and 7; kv_usage: 3 and 6. Warning -> Critical is the same episode.
+        assert_eq!(alarm_episodes(events.iter()), 4);
+        assert_eq!(alarm_episodes(events.iter().filter(|e| e.alert == "health")), 2);
+        assert_eq!(alarm_episodes(std::iter::empty()), 0);
+    }
 }
