@@ -112,6 +112,27 @@ async fn ingest_query_and_export() {
         .iter()
         .any(|s| s["signal"] == "tle_bits" && (s["value"].as_f64().unwrap() - 2.0).abs() < 1e-6));
     assert!(latest["health"]["health_score"].as_f64().is_some(), "{latest}");
+    // a client that accepts gzip gets the same body, gzipped
+    let plain = c.get(format!("{base}/scores/latest")).send().await.unwrap().bytes().await.unwrap();
+    let r = c
+        .get(format!("{base}/scores/latest"))
+        .header("accept-encoding", "br;q=1.0, gzip;q=0.8")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-encoding"], "gzip");
+    assert_eq!(r.headers()["vary"], "accept-encoding");
+    let zipped = r.bytes().await.unwrap();
+    let mut unzipped = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&zipped[..]), &mut unzipped).unwrap();
+    // A health tick may land between the two requests; the signals stay as pushed.
+    let (plain, unzipped): (Value, Value) =
+        (serde_json::from_slice(&plain).unwrap(), serde_json::from_slice(&unzipped).unwrap());
+    assert_eq!(unzipped["signals"], plain["signals"]);
+    assert!(unzipped["health"]["health_score"].as_f64().is_some(), "{unzipped}");
+    let r =
+        c.get(format!("{base}/scores/latest")).header("accept-encoding", "gzip;q=0").send().await.unwrap();
+    assert!(r.headers().get("content-encoding").is_none());
     // filtered by signal and labels: only the matching series, the same shape
     let only: Value = get_json(&c, format!("{base}/scores/latest?signal=kvf_ratio&layer=3")).await;
     let signals = only["signals"].as_array().unwrap();
