@@ -1,0 +1,87 @@
+//! Scores omen's window anomaly score after likelihood post-processing on the NAB files,
+//! beside numenta's, all optimised with the same threshold sweep:
+//! - window score (w), squashed s / (1 + s);
+//! - its anomaly likelihood (omen_signals::AnomalyLikelihood, log scale);
+//! - range novelty (omen_signals::RangeNovelty): 1 where a value leaves the range seen so far;
+//! - combined: 1 on novelty, else the likelihood.
+//!
+//! Usage: `cargo run --release -p omen-model --example nab_likelihood -- [OPTIONS]`
+//! Options (defaults in brackets): `--window 16` `--short 10` `--history 8640` `--learning 300`
+//! `--tolerance 0.01` `--refractory 200`. OMEN_NAB_DIR overrides the data directory.
+
+use std::path::PathBuf;
+
+use omen_model::nab::{self, NabCorpus, PROFILES};
+use omen_signals::{AnomalyLikelihood, LikelihoodConfig, RangeNovelty, WindowAnomaly};
+
+type Files = Vec<(String, Vec<String>, Vec<f64>)>;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (mut window, mut tolerance, mut refractory) = (16usize, 0.01f64, 200u64);
+    let mut lk_cfg = LikelihoodConfig::default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for pair in args.chunks(2) {
+        let v = pair.get(1).ok_or_else(|| format!("{} needs a value", pair[0]))?;
+        match pair[0].as_str() {
+            "--window" => window = v.parse()?,
+            "--short" => lk_cfg.short_window = v.parse()?,
+            "--history" => lk_cfg.history = v.parse()?,
+            "--learning" => lk_cfg.learning = v.parse()?,
+            "--tolerance" => tolerance = v.parse()?,
+            "--refractory" => refractory = v.parse()?,
+            other => return Err(format!("unknown option {other}").into()),
+        }
+    }
+    let dir = std::env::var_os("OMEN_NAB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let corpus = NabCorpus::load(&dir)?;
+    let names = ["window score", "window likelihood", "range novelty", "combined (novelty, likelihood)"];
+    let mut columns: Vec<Files> = vec![Vec::new(); names.len()];
+    let mut numenta: Files = Vec::new();
+    for sub in ["realAWSCloudwatch", "realKnownCause"] {
+        let mut files: Vec<_> = std::fs::read_dir(dir.join("data").join(sub))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().to_string()))
+            .collect::<Result<_, _>>()?;
+        files.sort();
+        for name in files {
+            let rel = format!("{sub}/{name}");
+            let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
+            let mut det = WindowAnomaly::new(window)?;
+            let mut lk = AnomalyLikelihood::new(lk_cfg)?;
+            let mut nv = RangeNovelty::new(tolerance, refractory)?;
+            let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
+            for &v in &values {
+                let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
+                let l = lk.push(s)?.unwrap_or(0.0);
+                let novel = if nv.push(v)? { 1.0 } else { 0.0 };
+                for (col, x) in out.iter_mut().zip([s, l, novel, l.max(novel)]) {
+                    col.push(x);
+                }
+            }
+            for (col, scores) in columns.iter_mut().zip(out) {
+                col.push((rel.clone(), ts.clone(), scores));
+            }
+            let res = dir.join("results/numenta").join(sub).join(format!("numenta_{name}"));
+            let (nts, nsc) = nab::read_csv_column(&res, "anomaly_score")?;
+            numenta.push((rel, nts, nsc));
+        }
+    }
+    println!(
+        "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, likelihood {lk_cfg:?}, \
+         novelty tolerance {tolerance} refractory {refractory}",
+        numenta.len()
+    );
+    println!("| profile | {} | numenta |", names.join(" | "));
+    println!("|---|{}", "---|".repeat(names.len() + 1));
+    for prof in PROFILES {
+        let cost = corpus.cost(prof)?;
+        let mut line = format!("| {prof} |");
+        for col in columns.iter().chain(std::iter::once(&numenta)) {
+            let (best, norm) = nab::optimised_normalised(&corpus, col, &cost)?;
+            line += &format!(" {norm:.2} ({:.4}) |", best.threshold);
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
