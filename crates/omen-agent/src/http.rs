@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -52,6 +52,39 @@ pub struct AppState {
     pub latest: Arc<LatestCache>,
     /// Store reads in flight at once (one per reader connection); the rest wait here, not on a thread.
     pub store_reads: Arc<tokio::sync::Semaphore>,
+    /// /scores bodies by query string, valid for one store generation.
+    pub range_cache: Arc<RangeCache>,
+}
+
+/// /scores answers by raw query string, each tagged with the store generation it was
+/// read at. An answer is a function of the query and the store's content only ("now"
+/// is the newest stored sample), so an entry of the current generation is exact.
+/// Dashboards refreshing the same panels read SQLite once per write instead of once
+/// per request (docs/benchmarks-agent.md).
+#[derive(Default)]
+pub struct RangeCache {
+    entries: Mutex<HashMap<String, (u64, Bytes)>>,
+}
+
+/// Distinct /scores queries kept; beyond it the cache starts over (it refills in one write interval).
+const RANGE_CACHE_ENTRIES: usize = 512;
+
+impl RangeCache {
+    fn get(&self, query: &str, generation: u64) -> Option<Bytes> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.get(query).filter(|(g, _)| *g == generation).map(|(_, b)| b.clone())
+    }
+
+    fn put(&self, query: &str, generation: u64, body: Bytes) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= RANGE_CACHE_ENTRIES && !entries.contains_key(query) {
+            entries.retain(|_, (g, _)| *g == generation);
+            if entries.len() >= RANGE_CACHE_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(query.to_owned(), (generation, body));
+    }
 }
 
 /// Store reads one agent runs at once: the store's reader connections.
@@ -410,8 +443,15 @@ const MAX_POINTS: i64 = 11_000;
 
 async fn scores(
     State(st): State<AppState>,
+    RawQuery(raw_query): RawQuery,
     Query(mut q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    // Read before the store, so a write during the read only makes the entry stale sooner.
+    let generation = st.store.generation();
+    let raw_query = raw_query.unwrap_or_default();
+    if let Some(body) = st.range_cache.get(&raw_query, generation) {
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+    }
     let signal = q.remove("signal").ok_or_else(|| {
         ApiError::bad("signal", "is required, e.g. /scores?signal=health_score&since=now-6h")
     })?;
@@ -488,16 +528,23 @@ async fn scores(
         })
         .await?
     };
-    Ok(Json(json!({
-        "signal": signal,
-        "since": rfc3339(since),
-        "until": rfc3339(until),
-        "step": humantime::format_duration(Duration::from_millis(step_ms as u64)).to_string(),
-        "step_ms": step_ms,
-        "resolution": format!("{resolution:?}").to_lowercase(),
-        "series": series,
-    }))
-    .into_response())
+    let body = Bytes::from(
+        serde_json::to_vec(&json!({
+            "signal": signal,
+            "since": rfc3339(since),
+            "until": rfc3339(until),
+            "step": humantime::format_duration(Duration::from_millis(step_ms as u64)).to_string(),
+            "step_ms": step_ms,
+            "resolution": format!("{resolution:?}").to_lowercase(),
+            "series": series,
+        }))
+        .expect("the range answer serialises"),
+    );
+    // An empty store answers relative to the wall clock: not a function of the store alone.
+    if latest.is_some() {
+        st.range_cache.put(&raw_query, generation, body.clone());
+    }
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// `/scores/latest[?signal=NAME&LABEL=VALUE...]`: the cached body, or the matching signals only.
@@ -554,6 +601,21 @@ mod tests {
             "signals": signals,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn range_cache_serves_only_its_generation_and_stays_bounded() {
+        let cache = RangeCache::default();
+        cache.put("signal=a", 1, Bytes::from_static(b"one"));
+        assert_eq!(cache.get("signal=a", 1).as_deref(), Some(&b"one"[..]));
+        assert!(cache.get("signal=a", 2).is_none());
+        assert!(cache.get("signal=b", 1).is_none());
+        for i in 0..RANGE_CACHE_ENTRIES + 10 {
+            cache.put(&format!("signal=s{i}"), 3, Bytes::from_static(b"x"));
+        }
+        let n = cache.entries.lock().unwrap().len();
+        assert!(n <= RANGE_CACHE_ENTRIES, "{n}");
+        assert!(cache.get("signal=a", 1).is_none(), "an old generation goes first");
     }
 
     #[test]

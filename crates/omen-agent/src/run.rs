@@ -134,6 +134,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         ready,
         latest: Arc::default(),
         store_reads: Arc::new(tokio::sync::Semaphore::new(http::STORE_READS)),
+        range_cache: Default::default(),
     };
     let mut servers = Vec::new();
     let api = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, RwLock};
 
 use anyhow::{Context, Result};
@@ -157,6 +157,8 @@ pub struct Store {
     catalog: RwLock<Catalog>,
     /// Newest committed raw timestamp (i64::MIN: none).
     latest_raw_ts: AtomicI64,
+    /// Bumped after every committed change, so readers can cache what they read.
+    generation: AtomicU64,
 }
 
 struct Writer {
@@ -298,6 +300,7 @@ impl Store {
             readers: ReaderPool { idle: Mutex::new(idle), returned: Condvar::new() },
             catalog: RwLock::new(catalog),
             latest_raw_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -343,6 +346,7 @@ impl Store {
                 if let Some(ts) = newest_raw {
                     self.latest_raw_ts.fetch_max(ts, Ordering::Relaxed);
                 }
+                self.changed();
                 if !created.is_empty() {
                     let mut catalog = self.catalog.write().unwrap_or_else(|e| e.into_inner());
                     for (id, key) in created {
@@ -371,7 +375,20 @@ impl Store {
     /// Writes every open minute aggregate (at shutdown); returns the rows written.
     pub fn flush(&self) -> Result<usize> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        flush_open_minutes(&mut w)
+        let written = flush_open_minutes(&mut w);
+        self.changed();
+        written
+    }
+
+    /// A number that changes after every committed write: two reads at the same
+    /// generation see the same data.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Marks a committed change (called with the writer lock held).
+    fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// Computes day aggregates for every complete UTC day in [from_day_ms, until_day_ms) from raw samples.
@@ -416,6 +433,7 @@ impl Store {
             day += DAY_MS;
         }
         tx.commit()?;
+        self.changed();
         Ok(written)
     }
     /// Day aggregates of every series of `signal` for days in [from_day_ms, until_day_ms).
@@ -579,6 +597,7 @@ impl Store {
         if n > 0 {
             let latest: Option<i64> = w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
             self.latest_raw_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
+            self.changed();
         }
         Ok(n)
     }
@@ -802,6 +821,25 @@ mod tests {
             labels: [("layer".to_owned(), layer.to_owned())].into(),
             value,
         }
+    }
+
+    #[test]
+    fn every_committed_write_changes_the_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let mut seen = vec![store.generation()];
+        store.insert(&[sample(t0, "kvf_ratio", "0", 1.0)]).unwrap();
+        seen.push(store.generation());
+        store.insert(&[]).unwrap(); // nothing written: the same generation
+        assert_eq!(store.generation(), seen[1]);
+        store.flush().unwrap();
+        seen.push(store.generation());
+        store.roll_up_days(t0, t0 + DAY_MS).unwrap();
+        seen.push(store.generation());
+        store.apply_retention(t0 + 400 * DAY_MS, 1, 1, 1).unwrap();
+        seen.push(store.generation());
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
     }
 
     #[test]

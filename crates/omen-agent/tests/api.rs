@@ -153,6 +153,25 @@ async fn ingest_query_and_export() {
     assert_eq!(r.status(), 200);
     let depth: Value = get_json(&c, format!("{base}/scores/latest?signal=queue_depth")).await;
     assert_eq!(depth["signals"][0]["value"], 9.0, "{depth}");
+    // /scores answers are cached per store write: the same query twice is the same
+    // answer, and the next acknowledged write shows in it (minute aggregates: pushes
+    // this close together are decimated from the raw table)
+    let query = format!("{base}/scores?signal=queue_depth&since=now-7h&step=1h");
+    let first: Value = get_json(&c, query.clone()).await;
+    let mean_before = first["series"][0]["points"][0][1].as_f64().unwrap();
+    assert!(mean_before < 11.0, "{first}");
+    assert_eq!(get_json(&c, query.clone()).await, first);
+    let r = c
+        .post(format!("{base}/v1/ingest/samples"))
+        .json(&json!({"samples": [{"signal": "queue_depth", "value": 11}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // the hour's mean moves towards the new 11
+    let second: Value = get_json(&c, query).await;
+    let mean_after = second["series"][0]["points"][0][1].as_f64().unwrap();
+    assert!(mean_before < mean_after && mean_after < 11.0, "{first} then {second}");
 
     // /metrics on the metrics listener, OpenMetrics
     let r = c.get(format!("http://{}/metrics", agent.metrics_addr.unwrap())).send().await.unwrap();
