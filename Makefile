@@ -97,6 +97,7 @@ fmt:
 bench: setup-rust setup-apt setup-torch
 	$(CARGO) bench --workspace
 	bash scripts/bench-agent.sh
+	BENCH_LEAN=1 bash scripts/bench-agent.sh
 
 ## fixtures: regenerate the reference vectors from sacreBLEU, numpy, pandas and scipy
 fixtures: setup-python

@@ -12,7 +12,9 @@
 # one-connection service-time runs, default 5), BENCH_GPUS / BENCH_LAYERS /
 # BENCH_BLOCKS / BENCH_CANARIES (push shape, default 8/80/4096/4), BENCH_OUT (JSON
 # summary, default target/bench-agent.json), CARGO_TARGET_DIR (where the release
-# build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built).
+# build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built),
+# BENCH_LEAN=1 (the lean sidecar: built with --no-default-features, without tch and
+# libtorch, into target/lean unless CARGO_TARGET_DIR says otherwise).
 #
 # Everything runs on loopback. Exits non-zero only when the benchmark cannot run;
 # each target is reported as MET or NOT MET. Every process it starts is stopped on exit.
@@ -32,9 +34,18 @@ GPUS=${BENCH_GPUS:-8}
 LAYERS=${BENCH_LAYERS:-80}
 BLOCKS=${BENCH_BLOCKS:-4096}
 CANARIES=${BENCH_CANARIES:-4}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
+LEAN=${BENCH_LEAN:-0}
+if [[ $LEAN == 1 ]]; then
+    BUILD_ARGS=(--no-default-features)
+    TARGET_DIR=${CARGO_TARGET_DIR:-target/lean}
+    BUILD_KIND="lean (--no-default-features: no tch, no libtorch)"
+else
+    BUILD_ARGS=()
+    TARGET_DIR=${CARGO_TARGET_DIR:-target}
+    BUILD_KIND="default features (lstm, bertscore: links libtorch)"
+fi
 case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
-OUT=${BENCH_OUT:-$ROOT/target/bench-agent.json}
+if [[ $LEAN == 1 ]]; then OUT=${BENCH_OUT:-$ROOT/target/bench-agent-lean.json}; else OUT=${BENCH_OUT:-$ROOT/target/bench-agent.json}; fi
 
 # Targets (issue: "A benchmark of the agent's own cost").
 CPU_TARGET_PCT=1.0      # % of one core at 1 Hz
@@ -57,7 +68,7 @@ CLK_TCK=$(getconf CLK_TCK)
 # ---------------------------------------------------------------- build
 if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
     log "building (release): omen + push_load"
-    cargo build --release -p omen-agent --bin omen --example push_load >&2
+    CARGO_TARGET_DIR=$TARGET_DIR cargo build --release "${BUILD_ARGS[@]}" -p omen-agent --bin omen --example push_load >&2
 fi
 OMEN=$TARGET_DIR/release/omen
 PUSH=$TARGET_DIR/release/examples/push_load
@@ -183,14 +194,14 @@ wrk_pct() { # $1 = percentile label (50%, 99%) ; wrk --latency output on stdin -
 wrk_field() { # $1 = awk pattern on wrk output -> field $2
     awk -v pat="$1" -v f="$2" '$0 ~ pat {print $f; exit}'
 }
-run_wrk() { # $1 = name, $2 = path, [$3 = connections, $4 = threads, $5 = seconds]
+run_wrk() { # $1 = name, $2 = path, [$3 = connections, $4 = threads, $5 = seconds, $6 = Accept-Encoding]
     local name=$1 path=$2 out=$TMP/wrk-$1.txt
-    local conns=${3:-$WRK_CONNS} threads=${4:-$WRK_THREADS} secs=${5:-$WRK_SECONDS}
-    curl -fsS -o "$TMP/probe-$name.json" "$URL$path" || die "GET $path is not 200 before wrk: $(cat "$TMP/probe-$name.json" 2>/dev/null)"
-    log "wrk -t$threads -c$conns -d${secs}s --latency $URL$path"
+    local conns=${3:-$WRK_CONNS} threads=${4:-$WRK_THREADS} secs=${5:-$WRK_SECONDS} encoding=${6:-identity}
+    curl -fsS -H "Accept-Encoding: $encoding" -o "$TMP/probe-$name.json" "$URL$path" || die "GET $path is not 200 before wrk: $(cat "$TMP/probe-$name.json" 2>/dev/null)"
+    log "wrk -t$threads -c$conns -d${secs}s --latency -H 'Accept-Encoding: $encoding' $URL$path"
     local c0 c1 t0 t1
     t0=$(now_s); c0=$(cpu_ticks "$AGENT")
-    timeout $(( secs + 30 )) wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency "$URL$path" >"$out" 2>&1 \
+    timeout $(( secs + 30 )) wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency -H "Accept-Encoding: $encoding" "$URL$path" >"$out" 2>&1 \
         || { cat "$out" >&2; die "wrk failed on $path"; }
     t1=$(now_s); c1=$(cpu_ticks "$AGENT")
     cat "$out" >&2
@@ -205,12 +216,15 @@ run_wrk() { # $1 = name, $2 = path, [$3 = connections, $4 = threads, $5 = second
     bytes=$(wc -c <"$TMP/probe-$name.json")
     [[ -n $p50 && -n $p90 && -n $p99 && -n $rps && -n $reqs ]] || die "could not read wrk's output for $path"
     cpu=$(python3 -c "print(round(100.0 * ($c1 - $c0) / $CLK_TCK / ($t1 - $t0), 1))")
-    printf '{"path": "%s", "connections": %s, "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
-        "$path" "$conns" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
+    printf '{"path": "%s", "accept_encoding": "%s", "connections": %s, "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
+        "$path" "$encoding" "$conns" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
 }
 LATEST_PATH=/scores/latest
 SERIES_PATH='/scores?signal=kvf_ratio&layer=3&gpu=0&since=now-5m&step=10s'
 run_wrk latest "$LATEST_PATH"
+sleep 2
+# As Grafana (Go's HTTP client), Python requests and browsers ask for it by default.
+run_wrk latest_gzip "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$WRK_SECONDS" gzip
 sleep 2
 run_wrk series "$SERIES_PATH"
 # One connection: the per-request service time, without queueing (informative, no target).
@@ -243,6 +257,7 @@ rss_mb = $END_RSS_KB / 1024
 peak_mb = $PEAK_RSS_KB / 1024
 hwm_mb = $HWM_PUSH_KB / 1024
 latest = load("$TMP/wrk-latest.json")
+latest_gzip = load("$TMP/wrk-latest_gzip.json")
 series = load("$TMP/wrk-series.json")
 latest1 = load("$TMP/wrk-latest1.json")
 series1 = load("$TMP/wrk-series1.json")
@@ -254,10 +269,13 @@ targets = {
                "note": "peak VmRSS sampled each second over the steady state"},
     "scores_latest_p99_ms": {"value": latest["p99_ms"], "target": "< $P99_TARGET_MS",
                              "verdict": verdict(latest["p99_ms"] < $P99_TARGET_MS and latest["non_2xx"] == 0 and latest["socket_errors"] == 0)},
+    "scores_latest_gzip_p99_ms": {"value": latest_gzip["p99_ms"], "target": "< $P99_TARGET_MS",
+                                  "verdict": verdict(latest_gzip["p99_ms"] < $P99_TARGET_MS and latest_gzip["non_2xx"] == 0 and latest_gzip["socket_errors"] == 0)},
     "scores_series_p99_ms": {"value": series["p99_ms"], "target": "< $P99_TARGET_MS",
                              "verdict": verdict(series["p99_ms"] < $P99_TARGET_MS and series["non_2xx"] == 0 and series["socket_errors"] == 0)},
 }
 summary = {
+    "build": "$BUILD_KIND",
     "machine": {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
                 "loadavg_start": "$LOADAVG_START", "loadavg_end": "$LOADAVG_END"},
     "load": {"gpus": $GPUS, "layers": $LAYERS, "blocks": $BLOCKS, "canaries": $CANARIES, "rate_hz": 1,
@@ -269,7 +287,7 @@ summary = {
               "rss_after_wrk_mb": round($RSS_AFTER_WRK_KB / 1024, 1),
               "ingest_rejected": $REJECTED, "ingest_shed": $SHED, "push_load_exit": $PUSH_RC},
     "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $WRK_SECONDS,
-            "scores_latest": latest, "scores_series": series,
+            "scores_latest": latest, "scores_latest_gzip": latest_gzip, "scores_series": series,
             "one_connection": {"scores_latest": latest1, "scores_series": series1}},
     "targets": targets,
 }
@@ -285,13 +303,16 @@ rows = [
     ("agent RSS after wrk / VmHWM (MB, no target)", f"{$RSS_AFTER_WRK_KB / 1024:.1f} / {$HWM_END_KB / 1024:.1f}", "", ""),
     ("GET /scores/latest p99 (ms)", f"{latest['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_latest_p99_ms"]["verdict"]),
     ("  p50 / req/s / non-2xx", f"{latest['p50_ms']:.2f} / {float(latest['rps']):.0f} / {latest['non_2xx']}", "", ""),
+    ("GET /scores/latest, Accept-Encoding: gzip, p99 (ms)", f"{latest_gzip['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_latest_gzip_p99_ms"]["verdict"]),
+    ("  p50 / req/s / non-2xx", f"{latest_gzip['p50_ms']:.2f} / {float(latest_gzip['rps']):.0f} / {latest_gzip['non_2xx']}", "", ""),
     ("GET /scores?signal=kvf_ratio... p99 (ms)", f"{series['p99_ms']:.2f}", "< $P99_TARGET_MS", targets["scores_series_p99_ms"]["verdict"]),
     ("  p50 / req/s / non-2xx", f"{series['p50_ms']:.2f} / {float(series['rps']):.0f} / {series['non_2xx']}", "", ""),
     ("1 connection: /scores/latest p50 / p99 (ms)", f"{latest1['p50_ms']:.2f} / {latest1['p99_ms']:.2f}", "", ""),
     ("1 connection: /scores?... p50 / p99 (ms)", f"{series1['p50_ms']:.2f} / {series1['p99_ms']:.2f}", "", ""),
-    ("/scores/latest response size (kB)", f"{latest['response_bytes'] / 1000:.1f}", "", ""),
+    ("/scores/latest response size, identity / gzip (kB)", f"{latest['response_bytes'] / 1000:.1f} / {latest_gzip['response_bytes'] / 1000:.1f}", "", ""),
 ]
 print()
+print(f"build: {summary['build']}")
 print(f"omen agent cost: {summary['load']['gpus']} GPUs x {summary['load']['layers']} layers x {summary['load']['blocks']} blocks + {summary['load']['canaries']} canaries at 1 Hz; {model}, {os.cpu_count()} cores")
 w = max(len(r[0]) for r in rows)
 print(f"{'measure':<{w}}  {'value':>14}  {'target':>7}  verdict")
