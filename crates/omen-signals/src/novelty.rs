@@ -114,7 +114,7 @@ impl AnomalyLikelihood {
             self.sum_sq -= old * old;
         }
         // Running sums drift by rounding over millions of pushes; refresh them once per history.
-        if self.pushed.is_multiple_of(self.config.history as u64) {
+        if self.pushed % self.config.history as u64 == 0 {
             self.sum = self.means.iter().sum();
             self.sum_sq = self.means.iter().map(|m| m * m).sum();
             self.short_sum = self.short.iter().sum();
