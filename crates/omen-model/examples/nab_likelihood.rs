@@ -39,33 +39,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let names = ["window score", "window likelihood", "range novelty", "combined (novelty, likelihood)"];
     let mut columns: Vec<Files> = vec![Vec::new(); names.len()];
     let mut numenta: Files = Vec::new();
-    for sub in ["realAWSCloudwatch", "realKnownCause"] {
-        let mut files: Vec<_> = std::fs::read_dir(dir.join("data").join(sub))?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().to_string()))
-            .collect::<Result<_, _>>()?;
-        files.sort();
-        for name in files {
-            let rel = format!("{sub}/{name}");
-            let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
-            let mut det = WindowAnomaly::new(window)?;
-            let mut lk = AnomalyLikelihood::new(lk_cfg)?;
-            let mut nv = RangeNovelty::new(tolerance, refractory)?;
-            let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
-            for &v in &values {
-                let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
-                let l = lk.push(s)?.unwrap_or(0.0);
-                let novel = if nv.push(v)? { 1.0 } else { 0.0 };
-                for (col, x) in out.iter_mut().zip([s, l, novel, l.max(novel)]) {
-                    col.push(x);
-                }
+    for rel in nab::data_files(&dir)? {
+        let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
+        let mut det = WindowAnomaly::new(window)?;
+        let mut lk = AnomalyLikelihood::new(lk_cfg)?;
+        let mut nv = RangeNovelty::new(tolerance, refractory)?;
+        let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
+        for &v in &values {
+            let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
+            let l = lk.push(s)?.unwrap_or(0.0);
+            let novel = if nv.push(v)? { 1.0 } else { 0.0 };
+            for (col, x) in out.iter_mut().zip([s, l, novel, l.max(novel)]) {
+                col.push(x);
             }
-            for (col, scores) in columns.iter_mut().zip(out) {
-                col.push((rel.clone(), ts.clone(), scores));
-            }
-            let res = dir.join("results/numenta").join(sub).join(format!("numenta_{name}"));
-            let (nts, nsc) = nab::read_csv_column(&res, "anomaly_score")?;
-            numenta.push((rel, nts, nsc));
         }
+        for (col, scores) in columns.iter_mut().zip(out) {
+            col.push((rel.clone(), ts.clone(), scores));
+        }
+        let (nts, nsc) = nab::read_csv_column(&nab::result_path(&dir, "numenta", &rel), "anomaly_score")?;
+        numenta.push((rel, nts, nsc));
     }
     println!(
         "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, likelihood {lk_cfg:?}, \

@@ -131,82 +131,73 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut params, mut params_pruned) = (0, 0);
     let started = Instant::now();
     let mut count = 0;
-    for sub in ["realAWSCloudwatch", "realKnownCause"] {
-        let mut files: Vec<_> = std::fs::read_dir(dir.join("data").join(sub))?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().to_string()))
-            .collect::<Result<_, _>>()?;
-        files.sort();
-        for name in files {
-            let rel = format!("{sub}/{name}");
-            if o.only.as_ref().is_some_and(|p| !rel.contains(p.as_str())) {
-                continue;
-            }
-            let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
-            let probation = nab::probation_length(ts.len());
-            let raw: Vec<Vec<f64>> = values.iter().map(|&v| vec![v]).collect();
-            let fs = FeatureSet::parse(vec!["value".into()], &o.features)?;
-            let t0 = Instant::now();
-            let model = LstmAutoencoder::train(fs, &raw[..probation], &o.cfg, &mut |_| {})?;
-            let secs = t0.elapsed().as_secs_f64();
-            train_s += secs;
-            train_max = train_max.max(secs);
-            let (pruned, report) = model.prune(o.prune, Some(&raw[..probation]), o.fine_tune)?;
-            params = report.parameters_before;
-            params_pruned = report.parameters_after;
-            let sev = |m: &LstmAutoencoder| -> Result<Vec<f64>, Box<dyn std::error::Error>> {
-                Ok(m.score_series(&raw)?.into_iter().map(|e| e.map_or(0.0, |e| m.severity(e))).collect())
-            };
-            let (lstm, lstm_p) = (sev(&model)?, sev(&pruned)?);
-            // Per-window latency on one window (batch of 1), the agent's case.
-            let feats = model.meta.features.transform_all(&raw[..model.window() + 8])?;
-            let w = &feats[8..];
-            for (m, acc) in [(&model, &mut lat_full), (&pruned, &mut lat_pruned)] {
-                let t = Instant::now();
-                for _ in 0..100 {
-                    m.score_window(w)?;
-                }
-                *acc += t.elapsed().as_secs_f64() / 100.0;
-            }
-            let (squashed, wsev) = window_severity(&values, o.anomaly_window, probation)?;
-            let combined: Vec<f64> = wsev.iter().zip(&lstm).map(|(a, b)| a.max(*b)).collect();
-            // The error judged against its own recent past (as NAB's HTM judges its raw score by
-            // its anomaly likelihood): omen's window score over the error series, squashed.
-            let errors: Vec<f64> = model.score_series(&raw)?.into_iter().map(|e| e.unwrap_or(0.0)).collect();
-            let mut on_errors = WindowAnomaly::new(o.anomaly_window)?;
-            let lstm_w: Vec<f64> = errors
-                .iter()
-                .map(|&e| on_errors.push(e).map(|s| s.map_or(0.0, |s| s.score / (1.0 + s.score))))
-                .collect::<Result<_, _>>()?;
-            // Unsaturated calibration: 0.5 at the POT threshold, the ranking kept everywhere.
-            let t = model.meta.pot.threshold;
-            let lstm_ratio: Vec<f64> =
-                errors.iter().map(|&e| if e > 0.0 { e / (e + t) } else { 0.0 }).collect();
-            let combined_w: Vec<f64> = squashed.iter().zip(&lstm_w).map(|(a, b)| a.max(*b)).collect();
-            let rows = window_rows(&ts, corpus.windows_of(&rel)?)?;
-            for (acc, s) in [(&mut f1_full, &lstm), (&mut f1_pruned, &lstm_p)] {
-                let d: Vec<bool> = s.iter().map(|&x| x >= 0.6).collect();
-                let r = window_f1(&d, &rows, probation);
-                *acc = (acc.0 + r.tp, acc.1 + r.fn_, acc.2 + r.fp);
-            }
-            eprintln!(
-                "{rel}: {} rows, trained on {probation} in {secs:.1}s ({} epochs, best {}), threshold {:.4}",
-                ts.len(),
-                model.meta.training.epochs_run,
-                model.meta.training.best_epoch,
-                model.meta.pot.threshold
-            );
-            for (i, s) in
-                [squashed, lstm, combined, lstm_p, lstm_w, combined_w, lstm_ratio].into_iter().enumerate()
-            {
-                det[i].push((rel.clone(), ts.clone(), new_highs(s, o.new_highs)));
-            }
-            for (pname, files) in &mut published {
-                let res = dir.join("results").join(*pname).join(sub).join(format!("{pname}_{name}"));
-                let (nts, nsc) = nab::read_csv_column(&res, "anomaly_score")?;
-                files.push((rel.clone(), nts, nsc));
-            }
-            count += 1;
+    for rel in nab::data_files(&dir)? {
+        if o.only.as_ref().is_some_and(|p| !rel.contains(p.as_str())) {
+            continue;
         }
+        let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
+        let probation = nab::probation_length(ts.len());
+        let raw: Vec<Vec<f64>> = values.iter().map(|&v| vec![v]).collect();
+        let fs = FeatureSet::parse(vec!["value".into()], &o.features)?;
+        let t0 = Instant::now();
+        let model = LstmAutoencoder::train(fs, &raw[..probation], &o.cfg, &mut |_| {})?;
+        let secs = t0.elapsed().as_secs_f64();
+        train_s += secs;
+        train_max = train_max.max(secs);
+        let (pruned, report) = model.prune(o.prune, Some(&raw[..probation]), o.fine_tune)?;
+        params = report.parameters_before;
+        params_pruned = report.parameters_after;
+        let sev = |m: &LstmAutoencoder| -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+            Ok(m.score_series(&raw)?.into_iter().map(|e| e.map_or(0.0, |e| m.severity(e))).collect())
+        };
+        let (lstm, lstm_p) = (sev(&model)?, sev(&pruned)?);
+        // Per-window latency on one window (batch of 1), the agent's case.
+        let feats = model.meta.features.transform_all(&raw[..model.window() + 8])?;
+        let w = &feats[8..];
+        for (m, acc) in [(&model, &mut lat_full), (&pruned, &mut lat_pruned)] {
+            let t = Instant::now();
+            for _ in 0..100 {
+                m.score_window(w)?;
+            }
+            *acc += t.elapsed().as_secs_f64() / 100.0;
+        }
+        let (squashed, wsev) = window_severity(&values, o.anomaly_window, probation)?;
+        let combined: Vec<f64> = wsev.iter().zip(&lstm).map(|(a, b)| a.max(*b)).collect();
+        // The error judged against its own recent past (as NAB's HTM judges its raw score by
+        // its anomaly likelihood): omen's window score over the error series, squashed.
+        let errors: Vec<f64> = model.score_series(&raw)?.into_iter().map(|e| e.unwrap_or(0.0)).collect();
+        let mut on_errors = WindowAnomaly::new(o.anomaly_window)?;
+        let lstm_w: Vec<f64> = errors
+            .iter()
+            .map(|&e| on_errors.push(e).map(|s| s.map_or(0.0, |s| s.score / (1.0 + s.score))))
+            .collect::<Result<_, _>>()?;
+        // Unsaturated calibration: 0.5 at the POT threshold, the ranking kept everywhere.
+        let t = model.meta.pot.threshold;
+        let lstm_ratio: Vec<f64> = errors.iter().map(|&e| if e > 0.0 { e / (e + t) } else { 0.0 }).collect();
+        let combined_w: Vec<f64> = squashed.iter().zip(&lstm_w).map(|(a, b)| a.max(*b)).collect();
+        let rows = window_rows(&ts, corpus.windows_of(&rel)?)?;
+        for (acc, s) in [(&mut f1_full, &lstm), (&mut f1_pruned, &lstm_p)] {
+            let d: Vec<bool> = s.iter().map(|&x| x >= 0.6).collect();
+            let r = window_f1(&d, &rows, probation);
+            *acc = (acc.0 + r.tp, acc.1 + r.fn_, acc.2 + r.fp);
+        }
+        eprintln!(
+            "{rel}: {} rows, trained on {probation} in {secs:.1}s ({} epochs, best {}), threshold {:.4}",
+            ts.len(),
+            model.meta.training.epochs_run,
+            model.meta.training.best_epoch,
+            model.meta.pot.threshold
+        );
+        for (i, s) in
+            [squashed, lstm, combined, lstm_p, lstm_w, combined_w, lstm_ratio].into_iter().enumerate()
+        {
+            det[i].push((rel.clone(), ts.clone(), new_highs(s, o.new_highs)));
+        }
+        for (pname, files) in &mut published {
+            let (nts, nsc) = nab::read_csv_column(&nab::result_path(&dir, pname, &rel), "anomaly_score")?;
+            files.push((rel.clone(), nts, nsc));
+        }
+        count += 1;
     }
     let n = count as f64;
     println!(

@@ -16,26 +16,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
     let corpus = NabCorpus::load(&dir)?;
     let (mut omen, mut numenta) = (Vec::new(), Vec::new());
-    for sub in ["realAWSCloudwatch", "realKnownCause"] {
-        let mut names: Vec<_> = std::fs::read_dir(dir.join("data").join(sub))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()?;
-        names.sort();
-        for name in names {
-            let name = name.to_string_lossy().to_string();
-            let rel = format!("{sub}/{name}");
-            let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
-            let mut det = WindowAnomaly::new(window)?;
-            // Monotone squash of the unbounded score to [0, 1); 0 until the window is full.
-            let scores = values
-                .iter()
-                .map(|&v| det.push(v).map(|s| s.map_or(0.0, |s| s.score / (1.0 + s.score))))
-                .collect::<Result<Vec<_>, _>>()?;
-            omen.push((rel.clone(), ts, scores));
-            let res = dir.join("results/numenta").join(sub).join(format!("numenta_{name}"));
-            let (nts, nsc) = nab::read_csv_column(&res, "anomaly_score")?;
-            numenta.push((rel, nts, nsc));
-        }
+    for rel in nab::data_files(&dir)? {
+        let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
+        let mut det = WindowAnomaly::new(window)?;
+        // Monotone squash of the unbounded score to [0, 1); 0 until the window is full.
+        let scores = values
+            .iter()
+            .map(|&v| det.push(v).map(|s| s.map_or(0.0, |s| s.score / (1.0 + s.score))))
+            .collect::<Result<Vec<_>, _>>()?;
+        omen.push((rel.clone(), ts, scores));
+        let (nts, nsc) = nab::read_csv_column(&nab::result_path(&dir, "numenta", &rel), "anomaly_score")?;
+        numenta.push((rel, nts, nsc));
     }
     println!("NAB on {} files (realAWSCloudwatch + realKnownCause), window {window}", omen.len());
     println!("| profile | omen window score (threshold) | numenta (threshold) |");

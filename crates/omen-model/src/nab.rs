@@ -290,6 +290,34 @@ impl NabCorpus {
     }
 }
 
+/// The NAB categories omen is judged on: real server metrics.
+pub const CATEGORIES: [&str; 2] = ["realAWSCloudwatch", "realKnownCause"];
+
+/// The data files of [`CATEGORIES`] under `dir/data`, as `category/file.csv`, sorted
+/// within each category (the order every NAB table here uses).
+pub fn data_files(dir: &Path) -> Result<Vec<String>, NabError> {
+    let mut out = Vec::new();
+    for category in CATEGORIES {
+        let folder = dir.join("data").join(category);
+        let io = |source| NabError::Io { path: folder.display().to_string(), source };
+        let mut names: Vec<String> = std::fs::read_dir(&folder)
+            .map_err(io)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()
+            .map_err(io)?;
+        names.sort();
+        out.extend(names.into_iter().map(|name| format!("{category}/{name}")));
+    }
+    Ok(out)
+}
+
+/// `results/<detector>/<category>/<detector>_<file>`: a detector's published scores of
+/// the data file `category/file`.
+pub fn result_path(dir: &Path, detector: &str, rel: &str) -> std::path::PathBuf {
+    let (category, file) = rel.split_once('/').unwrap_or(("", rel));
+    dir.join("results").join(detector).join(category).join(format!("{detector}_{file}"))
+}
+
 /// Reads the `timestamp` column and the named numeric column of a NAB CSV (no quoting).
 pub fn read_csv_column(path: &Path, column: &str) -> Result<(Vec<String>, Vec<f64>), NabError> {
     let text = read(path)?;
@@ -379,6 +407,22 @@ mod tests {
     use super::*;
 
     const STD: CostMatrix = CostMatrix { tp: 1.0, fp: 0.11, fn_: 1.0, tn: 1.0 };
+
+    #[test]
+    fn data_files_and_result_paths_follow_nab_layout() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/nab");
+        let files = data_files(&dir).unwrap();
+        assert_eq!(files.len(), 24, "{files:?}");
+        assert!(files[0].starts_with("realAWSCloudwatch/") && files[23].starts_with("realKnownCause/"));
+        assert!(files.windows(2).all(|w| w[0] < w[1]), "sorted within and across categories");
+        assert_eq!(
+            result_path(&dir, "null", "realKnownCause/nyc_taxi.csv"),
+            dir.join("results/null/realKnownCause/null_nyc_taxi.csv")
+        );
+        assert!(result_path(&dir, "numenta", &files[5]).exists());
+        let e = data_files(&dir.join("missing")).unwrap_err();
+        assert!(e.to_string().contains("missing/data/realAWSCloudwatch"), "{e}");
+    }
 
     #[test]
     fn sigmoid_and_probation_match_nab() {
