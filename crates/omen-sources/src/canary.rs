@@ -12,7 +12,7 @@
 //! `https://` endpoints are rejected with an error saying so; serving them needs
 //! reqwest's `rustls` (or `native-tls`) feature enabled in this crate.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use omen_signals::{
 };
 use serde::Deserialize;
 
+use crate::openai_stream::{Chunk, Logprobs};
 use crate::Sample;
 
 /// How many alternatives the probe asks for at each step (the most vLLM allows by default).
@@ -435,68 +436,6 @@ struct ModelEntry {
 struct ModelMeta {
     #[serde(default)]
     n_vocab: Option<usize>,
-}
-
-/// One streamed chunk (`chat.completion.chunk` or `text_completion`); unknown fields are ignored.
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    index: u32,
-    #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    logprobs: Option<Logprobs>,
-}
-
-#[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-}
-
-/// Both layouts: chat (`content[]`, also what llama.cpp sends for completions) and the
-/// legacy completions one (`tokens[]`, `top_logprobs[]` of token -> logprob maps).
-#[derive(Deserialize)]
-struct Logprobs {
-    #[serde(default)]
-    content: Option<Vec<TokenLogprob>>,
-    #[serde(default)]
-    tokens: Option<Vec<String>>,
-    #[serde(default)]
-    top_logprobs: Option<Vec<LegacyTop>>,
-}
-
-/// One step of the legacy layout: token text -> logprob (absent for a masked token).
-type LegacyTop = Option<HashMap<String, Option<f64>>>;
-
-#[derive(Deserialize)]
-struct TokenLogprob {
-    #[serde(default)]
-    top_logprobs: Vec<TopLogprob>,
-}
-
-#[derive(Deserialize)]
-struct TopLogprob {
-    #[serde(default)]
-    logprob: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(default)]
-    completion_tokens: Option<u64>,
 }
 
 impl Logprobs {

@@ -5,6 +5,7 @@ pub mod canary;
 pub mod ingest;
 pub mod nsys;
 pub mod nvml;
+pub mod openai_stream;
 pub mod sample;
 pub mod scrape;
 pub mod trace;

@@ -1,14 +1,16 @@
 //! One streamed request to an OpenAI-compatible server, timed from the client:
 //! TTFT, the gaps between content chunks (ITL), end-to-end latency and the
-//! server's token counts. The SSE framing is eventsource-stream's, as in the
-//! canary prober (omen_sources::canary); that prober insists on logprobs and
-//! scores answers, so the bench keeps its own lighter chunk reader.
+//! server's token counts. The SSE framing is eventsource-stream's and the chunk
+//! format omen_sources::openai_stream's, as in the canary prober; that prober insists
+//! on logprobs and scores answers, so the bench keeps its own lighter reader loop.
 
 use std::time::{Duration, Instant};
 
 use eventsource_stream::{EventStreamError, Eventsource as _};
 use futures_util::StreamExt as _;
 use serde::Deserialize;
+
+use omen_sources::openai_stream::Chunk;
 
 use super::workflow::Api;
 
@@ -163,38 +165,6 @@ fn body(spec: &RequestSpec<'_>) -> (String, serde_json::Value) {
             (format!("{root}/completions"), body)
         }
     }
-}
-
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
 }
 
 fn transport(url: &str, timeout: Duration, e: reqwest::Error) -> RequestError {
