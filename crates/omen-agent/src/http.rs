@@ -63,27 +63,50 @@ pub struct AppState {
 /// per request (docs/benchmarks-agent.md).
 #[derive(Default)]
 pub struct RangeCache {
-    entries: Mutex<HashMap<String, (u64, Bytes)>>,
+    entries: Mutex<RangeEntries>,
+}
+
+#[derive(Default)]
+struct RangeEntries {
+    by_query: HashMap<String, (u64, Bytes)>,
+    bytes: usize,
 }
 
 /// Distinct /scores queries kept; beyond it the cache starts over (it refills in one write interval).
 const RANGE_CACHE_ENTRIES: usize = 512;
+/// Bytes of answers kept at most, so that the cache never grows the agent's memory much.
+const RANGE_CACHE_BYTES: usize = 16 << 20;
+/// Answers larger than this (long spans of many series) are not kept: they are rare and big.
+const RANGE_CACHE_MAX_ANSWER: usize = 1 << 20;
 
 impl RangeCache {
     fn get(&self, query: &str, generation: u64) -> Option<Bytes> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.get(query).filter(|(g, _)| *g == generation).map(|(_, b)| b.clone())
+        entries.by_query.get(query).filter(|(g, _)| *g == generation).map(|(_, b)| b.clone())
     }
 
     fn put(&self, query: &str, generation: u64, body: Bytes) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= RANGE_CACHE_ENTRIES && !entries.contains_key(query) {
-            entries.retain(|_, (g, _)| *g == generation);
-            if entries.len() >= RANGE_CACHE_ENTRIES {
-                entries.clear();
+        if body.len() > RANGE_CACHE_MAX_ANSWER {
+            return;
+        }
+        let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, old)) = e.by_query.remove(query) {
+            e.bytes -= old.len();
+        }
+        let full = |e: &RangeEntries| {
+            e.by_query.len() >= RANGE_CACHE_ENTRIES || e.bytes + body.len() > RANGE_CACHE_BYTES
+        };
+        if full(&e) {
+            // Answers of older generations can never be served again: drop them first.
+            e.by_query.retain(|_, (g, _)| *g == generation);
+            e.bytes = e.by_query.values().map(|(_, b)| b.len()).sum();
+            if full(&e) {
+                e.by_query.clear();
+                e.bytes = 0;
             }
         }
-        entries.insert(query.to_owned(), (generation, body));
+        e.bytes += body.len();
+        e.by_query.insert(query.to_owned(), (generation, body));
     }
 }
 
@@ -610,12 +633,24 @@ mod tests {
         assert_eq!(cache.get("signal=a", 1).as_deref(), Some(&b"one"[..]));
         assert!(cache.get("signal=a", 2).is_none());
         assert!(cache.get("signal=b", 1).is_none());
+        cache.put("signal=a", 1, Bytes::from_static(b"uno"));
+        assert_eq!(cache.entries.lock().unwrap().bytes, 3, "a replaced answer is not counted twice");
         for i in 0..RANGE_CACHE_ENTRIES + 10 {
             cache.put(&format!("signal=s{i}"), 3, Bytes::from_static(b"x"));
         }
-        let n = cache.entries.lock().unwrap().len();
+        let n = cache.entries.lock().unwrap().by_query.len();
         assert!(n <= RANGE_CACHE_ENTRIES, "{n}");
         assert!(cache.get("signal=a", 1).is_none(), "an old generation goes first");
+        // by bytes: big answers are not kept, and the total stays under its cap
+        cache.put("signal=huge", 3, Bytes::from(vec![b'x'; RANGE_CACHE_MAX_ANSWER + 1]));
+        assert!(cache.get("signal=huge", 3).is_none());
+        for i in 0..40 {
+            cache.put(&format!("signal=big{i}"), 4, Bytes::from(vec![b'x'; RANGE_CACHE_MAX_ANSWER]));
+            let e = cache.entries.lock().unwrap();
+            assert!(e.bytes <= RANGE_CACHE_BYTES, "{}", e.bytes);
+            assert_eq!(e.bytes, e.by_query.values().map(|(_, b)| b.len()).sum::<usize>());
+        }
+        assert!(cache.get("signal=big39", 4).is_some());
     }
 
     #[test]
