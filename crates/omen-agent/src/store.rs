@@ -8,9 +8,12 @@
 //! Minute aggregates: the open minute of each series is folded in memory and written
 //! once, when a sample of a later minute arrives (or at [`Store::flush`] / drop), so
 //! the store writes about one aggregate row per series per minute instead of one
-//! upsert per sample. Raw samples stay durable per batch; after a `kill -9` the open
-//! minute is rebuilt from the raw samples of that minute when the store reopens. So
-//! one `Store` at a time per database file: a second one would hold the same open minutes.
+//! upsert per sample. Raw samples stay durable per batch, and so do the samples that
+//! decimation keeps out of the raw table: each batch appends them, packed in one row,
+//! to `minute_log` in its own transaction. After a `kill -9` the open minute is rebuilt
+//! from that minute's raw samples and logged ones when the store reopens, so it loses
+//! nothing acknowledged. Log rows go once their minutes are written. One `Store` at a
+//! time per database file: a second one would hold the same open minutes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -50,7 +53,43 @@ CREATE TABLE IF NOT EXISTS day_agg (
     PRIMARY KEY (series_id, day_ms)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS canary_reference (canary TEXT PRIMARY KEY, reference TEXT NOT NULL, captured_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS minute_log (minute_ms INTEGER NOT NULL, entries BLOB NOT NULL);
 ";
+
+/// Bytes of one `minute_log` entry: series id, timestamp (i64 LE each), value (f64 LE).
+const LOG_ENTRY_BYTES: usize = 24;
+
+/// Appends one decimated sample to a batch's `minute_log` entries.
+fn log_entry(out: &mut Vec<u8>, id: i64, ts_ms: i64, value: f64) {
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&ts_ms.to_le_bytes());
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+/// Logged decimated samples by series id, (ts, value) in log order.
+type MinuteLog = HashMap<i64, Vec<(i64, f64)>>;
+
+/// Reads every `minute_log` row; a row whose length is not a whole number of entries is corrupt.
+fn read_minute_log(conn: &Connection) -> Result<MinuteLog> {
+    let mut out = MinuteLog::new();
+    let mut stmt = conn.prepare("SELECT entries FROM minute_log ORDER BY rowid")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let blob: Vec<u8> = row.get(0)?;
+        anyhow::ensure!(
+            blob.len() % LOG_ENTRY_BYTES == 0,
+            "corrupt minute_log row of {} bytes in the store; delete the store file or restore a backup",
+            blob.len()
+        );
+        for e in blob.chunks_exact(LOG_ENTRY_BYTES) {
+            let word = |i: usize| <[u8; 8]>::try_from(&e[i * 8..i * 8 + 8]).expect("8 bytes");
+            let (id, ts, value) =
+                (i64::from_le_bytes(word(0)), i64::from_le_bytes(word(1)), f64::from_le_bytes(word(2)));
+            out.entry(id).or_default().push((ts, value));
+        }
+    }
+    Ok(out)
+}
 
 /// Daily aggregate of one series.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +204,10 @@ struct Writer {
     conn: Connection,
     series_ids: SeriesIds,
     minutes: MinuteTable,
+    /// Newest minute any sample fell in (event time).
+    newest_minute: i64,
+    /// Open minutes before this one have been written and their log rows deleted.
+    log_floor: i64,
 }
 
 /// The minute state of every series, indexed by series id: ids are SQLite rowids handed
@@ -224,32 +267,38 @@ const UPSERT_MINUTE: &str = "INSERT INTO minute_agg (series_id, minute_ms, count
      min = min(min, excluded.min), max = max(max, excluded.max), last = excluded.last";
 
 /// The minute state of one series after a restart: its newest aggregate row, and its
-/// newest minute of raw samples when that minute has no row yet (it was open at the crash).
-fn recover_minutes(conn: &Connection, id: i64) -> Result<SeriesMinutes> {
+/// newest minute (of raw or logged samples) when that minute has no row yet (it was open
+/// at the crash), folded from both in time order.
+fn recover_minutes(conn: &Connection, id: i64, logged: &[(i64, f64)]) -> Result<SeriesMinutes> {
     let newest_row: Option<i64> = conn
         .prepare_cached("SELECT MAX(minute_ms) FROM minute_agg WHERE series_id = ?1")?
         .query_row([id], |r| r.get(0))?;
     let newest_raw: Option<i64> = conn
         .prepare_cached("SELECT MAX(ts_ms) FROM samples WHERE series_id = ?1")?
         .query_row([id], |r| r.get(0))?;
+    let newest_logged = logged.iter().map(|e| e.0).max();
     let mut state = SeriesMinutes { open: None, newest_row };
-    let Some(raw_minute) = newest_raw.map(minute_of) else { return Ok(state) };
-    if newest_row.is_some_and(|r| r >= raw_minute) {
+    let Some(minute) = newest_raw.max(newest_logged).map(minute_of) else { return Ok(state) };
+    if newest_row.is_some_and(|r| r >= minute) {
         return Ok(state);
     }
     let mut stmt = conn.prepare_cached(
-        "SELECT value FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3 ORDER BY ts_ms, rowid",
+        "SELECT ts_ms, value FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3 ORDER BY ts_ms, rowid",
     )?;
-    let mut rows = stmt.query(params![id, raw_minute, raw_minute + MINUTE_MS])?;
+    let mut values: Vec<(i64, f64)> = stmt
+        .query_map(params![id, minute, minute + MINUTE_MS], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    values.extend(logged.iter().filter(|e| minute_of(e.0) == minute));
+    // Stable: raw before logged at the same time stamp, each in its own order.
+    values.sort_by_key(|e| e.0);
     let mut fold: Option<MinuteFold> = None;
-    while let Some(row) = rows.next()? {
-        let v: f64 = row.get(0)?;
+    for (_, v) in values {
         match fold.as_mut() {
             Some(f) => f.add(v),
             None => fold = Some(MinuteFold::new(v)),
         }
     }
-    state.open = fold.map(|f| (raw_minute, f));
+    state.open = fold.map(|f| (minute, f));
     Ok(state)
 }
 
@@ -278,6 +327,7 @@ impl Store {
         let mut series_ids = SeriesIds::new();
         let mut catalog = Catalog::new();
         let mut minutes = MinuteTable::default();
+        let log = read_minute_log(&conn)?;
         {
             let mut stmt = conn.prepare("SELECT id, signal, labels FROM series ORDER BY id")?;
             let rows = stmt.query_map([], |r| {
@@ -289,14 +339,20 @@ impl Store {
                     serde_json::from_str(&labels).context("corrupt series labels in the store")?;
                 catalog.entry(signal.clone()).or_default().push((id, labels.clone()));
                 series_ids.entry(signal).or_default().insert(labels, id);
-                *minutes.slot(id) = recover_minutes(&conn, id)?;
+                *minutes.slot(id) = recover_minutes(&conn, id, log.get(&id).map_or(&[], |v| v.as_slice()))?;
             }
         }
         let latest: Option<i64> = conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
         let idle = (0..READERS).map(|_| open_connection(path)).collect::<Result<Vec<_>>>()?;
         Ok(Self {
             path: path.to_owned(),
-            writer: Mutex::new(Writer { conn, series_ids, minutes }),
+            writer: Mutex::new(Writer {
+                conn,
+                series_ids,
+                minutes,
+                newest_minute: i64::MIN,
+                log_floor: i64::MIN,
+            }),
             readers: ReaderPool { idle: Mutex::new(idle), returned: Condvar::new() },
             catalog: RwLock::new(catalog),
             latest_raw_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
@@ -340,11 +396,17 @@ impl Store {
         let mut created: Vec<(i64, SeriesKey)> = Vec::new();
         let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
         let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
-        let Writer { series_ids, minutes, .. } = &mut *w;
         match result {
             Ok(newest_raw) => {
                 if let Some(ts) = newest_raw {
                     self.latest_raw_ts.fetch_max(ts, Ordering::Relaxed);
+                }
+                // The batch is committed either way; a failure here only keeps log rows longer.
+                if let Err(e) = close_stale_minutes(&mut w) {
+                    tracing::warn!(
+                        "store {}: stale open minutes not written yet: {e:#}",
+                        self.path.display()
+                    );
                 }
                 self.changed();
                 if !created.is_empty() {
@@ -358,6 +420,7 @@ impl Store {
             Err(e) => {
                 // The transaction rolled back: ids handed out inside it are void, and the
                 // open minutes go back to what was committed.
+                let Writer { series_ids, minutes, .. } = &mut *w;
                 for (_, key) in &created {
                     if let Some(f) = series_ids.get_mut(&key.signal) {
                         f.remove(&key.labels);
@@ -586,6 +649,8 @@ impl Store {
             w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [now_ms - raw_days as i64 * DAY_MS])?;
         let minute_cutoff = now_ms - minute_days as i64 * DAY_MS;
         n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
+        // Logged samples of minutes past retention would only rebuild them after a crash.
+        w.conn.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [minute_cutoff])?;
         // An open minute past retention goes too (it would be written only to be deleted).
         for m in w.minutes.values_mut() {
             if m.open.is_some_and(|(minute, _)| minute < minute_cutoff) {
@@ -728,6 +793,8 @@ fn flush_open_minutes(w: &mut Writer) -> Result<usize> {
             }
         }
     }
+    // Every open minute is a row now: nothing left to rebuild from the log.
+    tx.execute("DELETE FROM minute_log", [])?;
     tx.commit()?;
     for m in w.minutes.values_mut() {
         if let Some((minute, _)) = m.open.take() {
@@ -735,6 +802,40 @@ fn flush_open_minutes(w: &mut Writer) -> Result<usize> {
         }
     }
     Ok(written)
+}
+
+/// Writes the open minutes older than the minute before the newest one (series that
+/// went quiet; a late sample still adds to the written row) and deletes the log rows of
+/// minutes before that, once per minute of event time, so that the log stays about two
+/// minutes long whatever series stop.
+fn close_stale_minutes(w: &mut Writer) -> Result<()> {
+    let cutoff = w.newest_minute.saturating_sub(MINUTE_MS);
+    if cutoff <= w.log_floor {
+        return Ok(());
+    }
+    let tx = w.conn.transaction()?;
+    let mut closed = Vec::new();
+    {
+        let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
+        for (id, m) in w.minutes.iter() {
+            if let Some((minute, fold)) = &m.open {
+                if *minute < cutoff {
+                    upsert_minute(&mut upsert, id, *minute, fold)?;
+                    closed.push(id);
+                }
+            }
+        }
+    }
+    tx.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [cutoff])?;
+    tx.commit()?;
+    for id in closed {
+        let m = w.minutes.slot(id);
+        if let Some((minute, _)) = m.open.take() {
+            m.newest_row = Some(minute);
+        }
+    }
+    w.log_floor = cutoff;
+    Ok(())
 }
 
 /// Writes one batch in one transaction; returns the newest raw timestamp written. The
@@ -747,9 +848,13 @@ fn insert_batch(
     keep_raw: &[bool],
     ids: &mut [Option<SeriesId>],
 ) -> Result<Option<i64>> {
-    let Writer { conn, series_ids, minutes } = w;
+    let Writer { conn, series_ids, minutes, newest_minute, .. } = w;
     let tx = conn.transaction()?;
     let mut newest_raw: Option<i64> = None;
+    // Decimated samples folded into open minutes, for minute_log (see the module doc).
+    let mut logged: Vec<u8> = Vec::new();
+    let mut logged_minute = i64::MIN;
+    let mut batch_newest_minute = i64::MIN;
     {
         let mut new_series = tx.prepare_cached("INSERT INTO series (signal, labels) VALUES (?1, ?2)")?;
         let mut insert =
@@ -777,15 +882,26 @@ fn insert_batch(
             if let Some(slot) = ids.get_mut(i) {
                 *slot = Some(id);
             }
-            if keep_raw.get(i).copied().unwrap_or(true) {
+            let raw = keep_raw.get(i).copied().unwrap_or(true);
+            if raw {
                 insert.execute(params![id, s.ts_ms, s.value])?;
                 newest_raw = Some(newest_raw.map_or(s.ts_ms, |t| t.max(s.ts_ms)));
             }
             let bucket = minute_of(s.ts_ms);
+            batch_newest_minute = batch_newest_minute.max(bucket);
             let m = minutes.slot(id);
             undo.push((id, *m));
+            let mut log_it = |logged: &mut Vec<u8>| {
+                if !raw {
+                    log_entry(logged, id, s.ts_ms, s.value);
+                    logged_minute = logged_minute.max(bucket);
+                }
+            };
             match &mut m.open {
-                Some((open, fold)) if *open == bucket => fold.add(s.value),
+                Some((open, fold)) if *open == bucket => {
+                    fold.add(s.value);
+                    log_it(&mut logged);
+                }
                 open if open.is_none_or(|(o, _)| bucket > o) && m.newest_row.is_none_or(|r| bucket > r) => {
                     // A newer minute: the open one is complete; write it with this batch.
                     if let Some((o, fold)) = open.take() {
@@ -793,6 +909,7 @@ fn insert_batch(
                         m.newest_row = Some(o);
                     }
                     m.open = Some((bucket, MinuteFold::new(s.value)));
+                    log_it(&mut logged);
                 }
                 _ => {
                     late.entry((id, bucket))
@@ -805,8 +922,13 @@ fn insert_batch(
         for ((id, bucket), a) in &late {
             upsert_minute(&mut upsert, *id, *bucket, a)?;
         }
+        if !logged.is_empty() {
+            tx.prepare_cached("INSERT INTO minute_log (minute_ms, entries) VALUES (?1, ?2)")?
+                .execute(params![logged_minute, logged])?;
+        }
     }
     tx.commit()?;
+    *newest_minute = (*newest_minute).max(batch_newest_minute);
     Ok(newest_raw)
 }
 
@@ -1032,6 +1154,83 @@ mod tests {
         let rows = minute_rows(&store);
         assert_eq!(rows.len(), 9);
         assert_eq!(rows, minute_rows_from_raw(&store));
+    }
+
+    fn log_rows(store: &Store) -> i64 {
+        store.reader().query_row("SELECT COUNT(*) FROM minute_log", [], |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn decimated_samples_of_the_open_minute_survive_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("omen.db");
+        let t0 = 1_793_577_600_000;
+        // 150 one-second batches of two series, 1 in 10 samples kept raw: minutes t0 and
+        // t0+1 close, t0+2 (30 samples, 3 of them raw) is open at the crash.
+        let batch = |i: i64| -> Vec<Sample> {
+            (0..2)
+                .map(|layer| sample(t0 + i * 1000, "kv", &layer.to_string(), (i * (layer + 1)) as f64))
+                .collect()
+        };
+        let keep = |i: i64| vec![i % 10 == 0; 2];
+        let before_crash = {
+            let store = Store::open(&path).unwrap();
+            for i in 0..150 {
+                store.insert_with_raw(&batch(i), &keep(i)).unwrap();
+            }
+            let m =
+                store.range("kv", &BTreeMap::new(), t0, t0 + 180_000, 60_000, Resolution::Minute).unwrap();
+            // Mean of minute t0+2 over all 30 samples (i = 120..149), not only the raw ones.
+            assert_eq!(m[0].points[2], (t0 + 120_000, 134.5), "{m:?}");
+            std::mem::forget(store); // kill -9
+            m
+        };
+        let store = Store::open(&path).unwrap();
+        let m = store.range("kv", &BTreeMap::new(), t0, t0 + 180_000, 60_000, Resolution::Minute).unwrap();
+        assert_eq!(m, before_crash, "the open minute comes back whole, decimated samples included");
+        // It goes on folding, and a clean close writes it with all 60 samples.
+        for i in 150..180 {
+            store.insert_with_raw(&batch(i), &keep(i)).unwrap();
+        }
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        let rows = minute_rows(&store);
+        assert_eq!(rows.len(), 6, "{rows:?}");
+        assert!(rows.iter().all(|r| r.2 == 60), "{rows:?}");
+        assert_eq!(log_rows(&store), 0, "a clean close leaves no log");
+    }
+
+    #[test]
+    fn the_minute_log_stays_short_even_when_a_series_goes_quiet() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("omen.db");
+        let t0 = 1_793_577_600_000;
+        {
+            let store = Store::open(&path).unwrap();
+            // Series "0" is pushed for 30 s and then stops; series "1" goes on for 10 minutes.
+            for i in 0..600i64 {
+                let mut b = vec![sample(t0 + i * 1000, "kv", "1", 1.0)];
+                if i < 30 {
+                    b.push(sample(t0 + i * 1000, "kv", "0", 2.0));
+                }
+                let keep = vec![i % 10 == 0; b.len()];
+                store.insert_with_raw(&b, &keep).unwrap();
+                // One row per batch, for at most the current and the previous minute (+ this one).
+                assert!(log_rows(&store) <= 180, "{} log rows at {i}", log_rows(&store));
+            }
+            // The quiet series' minute was written once the log moved past it.
+            let rows = minute_rows(&store);
+            assert!(rows.iter().any(|r| r.1 == t0 && r.2 == 30 && (r.3 - 60.0).abs() < 1e-9), "{rows:?}");
+            std::mem::forget(store);
+        }
+        let store = Store::open(&path).unwrap();
+        let m = store.range("kv", &BTreeMap::new(), t0, t0 + 600_000, 60_000, Resolution::Minute).unwrap();
+        let counts: i64 =
+            store.reader().query_row("SELECT SUM(count) FROM minute_agg", [], |r| r.get(0)).unwrap();
+        // Written rows plus the open minute of series "1" (60 samples, rebuilt) hold all 630.
+        let open: i64 =
+            store.writer.lock().unwrap().minutes.iter().filter_map(|(_, m)| m.open.map(|o| o.1.count)).sum();
+        assert_eq!(counts + open, 630, "{m:?}");
     }
 
     #[test]
