@@ -19,6 +19,11 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
 }
 
+/// POST `body` as JSON to `url`.
+async fn post_json(c: &reqwest::Client, url: String, body: &Value) -> reqwest::Response {
+    c.post(url).json(body).send().await.unwrap()
+}
+
 /// GET `url` and decode the body as JSON.
 async fn get_json(c: &reqwest::Client, url: String) -> Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
@@ -53,12 +58,12 @@ async fn ingest_query_and_export() {
         .await
         .unwrap();
     assert_eq!(r.json::<Value>().await.unwrap()["accepted"], 1);
-    let r = c
-        .post(format!("{base}/v1/ingest/samples"))
-        .json(&json!({"samples": [{"signal": "queue_depth", "value": 7}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{base}/v1/ingest/samples"),
+        &json!({"samples": [{"signal": "queue_depth", "value": 7}]}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
 
     // bad payloads: 4xx with the field, agent keeps running
@@ -144,12 +149,12 @@ async fn ingest_query_and_export() {
     let r = c.get(format!("{base}/scores/latest?signal=Bad-Name")).send().await.unwrap();
     assert_eq!(r.status(), 400);
     // a new value shows in the next /scores/latest (the cached body follows the gauges)
-    let r = c
-        .post(format!("{base}/v1/ingest/samples"))
-        .json(&json!({"samples": [{"signal": "queue_depth", "value": 9}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{base}/v1/ingest/samples"),
+        &json!({"samples": [{"signal": "queue_depth", "value": 9}]}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let depth: Value = get_json(&c, format!("{base}/scores/latest?signal=queue_depth")).await;
     assert_eq!(depth["signals"][0]["value"], 9.0, "{depth}");
@@ -161,12 +166,12 @@ async fn ingest_query_and_export() {
     let mean_before = first["series"][0]["points"][0][1].as_f64().unwrap();
     assert!(mean_before < 11.0, "{first}");
     assert_eq!(get_json(&c, query.clone()).await, first);
-    let r = c
-        .post(format!("{base}/v1/ingest/samples"))
-        .json(&json!({"samples": [{"signal": "queue_depth", "value": 11}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{base}/v1/ingest/samples"),
+        &json!({"samples": [{"signal": "queue_depth", "value": 11}]}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     // the hour's mean moves towards the new 11
     let second: Value = get_json(&c, query).await;
