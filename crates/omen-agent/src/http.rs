@@ -74,7 +74,7 @@ struct RangeEntries {
 
 /// Distinct /scores queries kept; beyond it the cache starts over (it refills in one write interval).
 const RANGE_CACHE_ENTRIES: usize = 512;
-/// Bytes of answers kept at most, so that the cache never grows the agent's memory much.
+/// Bytes of queries and answers kept at most, so that the cache never grows the agent's memory much.
 const RANGE_CACHE_BYTES: usize = 16 << 20;
 /// Answers larger than this (long spans of many series) are not kept: they are rare and big.
 const RANGE_CACHE_MAX_ANSWER: usize = 1 << 20;
@@ -91,7 +91,7 @@ impl RangeCache {
         }
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, old)) = e.by_query.remove(query) {
-            e.bytes -= old.len();
+            e.bytes -= query.len() + old.len();
         }
         let full = |e: &RangeEntries| {
             e.by_query.len() >= RANGE_CACHE_ENTRIES || e.bytes + body.len() > RANGE_CACHE_BYTES
@@ -99,13 +99,13 @@ impl RangeCache {
         if full(&e) {
             // Answers of older generations can never be served again: drop them first.
             e.by_query.retain(|_, (g, _)| *g == generation);
-            e.bytes = e.by_query.values().map(|(_, b)| b.len()).sum();
+            e.bytes = e.by_query.iter().map(|(q, (_, b))| q.len() + b.len()).sum();
             if full(&e) {
                 e.by_query.clear();
                 e.bytes = 0;
             }
         }
-        e.bytes += body.len();
+        e.bytes += query.len() + body.len();
         e.by_query.insert(query.to_owned(), (generation, body));
     }
 }
@@ -634,7 +634,7 @@ mod tests {
         assert!(cache.get("signal=a", 2).is_none());
         assert!(cache.get("signal=b", 1).is_none());
         cache.put("signal=a", 1, Bytes::from_static(b"uno"));
-        assert_eq!(cache.entries.lock().unwrap().bytes, 3, "a replaced answer is not counted twice");
+        assert_eq!(cache.entries.lock().unwrap().bytes, 8 + 3, "a replaced answer is not counted twice");
         for i in 0..RANGE_CACHE_ENTRIES + 10 {
             cache.put(&format!("signal=s{i}"), 3, Bytes::from_static(b"x"));
         }
@@ -648,7 +648,7 @@ mod tests {
             cache.put(&format!("signal=big{i}"), 4, Bytes::from(vec![b'x'; RANGE_CACHE_MAX_ANSWER]));
             let e = cache.entries.lock().unwrap();
             assert!(e.bytes <= RANGE_CACHE_BYTES, "{}", e.bytes);
-            assert_eq!(e.bytes, e.by_query.values().map(|(_, b)| b.len()).sum::<usize>());
+            assert_eq!(e.bytes, e.by_query.iter().map(|(q, (_, b))| q.len() + b.len()).sum::<usize>());
         }
         assert!(cache.get("signal=big39", 4).is_some());
     }
