@@ -187,6 +187,19 @@ type SeriesIds = HashMap<String, HashMap<BTreeMap<String, String>, i64>>;
 /// Every stored series of each signal, (id, labels) in id order, for range queries.
 type Catalog = HashMap<String, Vec<(i64, BTreeMap<String, String>)>>;
 
+/// The catalogue's series of `signal` whose labels include every matcher.
+fn matching<'a>(
+    catalog: &'a Catalog,
+    signal: &str,
+    matchers: &'a BTreeMap<String, String>,
+) -> impl Iterator<Item = &'a (i64, BTreeMap<String, String>)> {
+    catalog
+        .get(signal)
+        .into_iter()
+        .flatten()
+        .filter(|(_, labels)| matchers.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
 /// The store: one writer connection and a pool of readers (WAL lets them run concurrently).
 pub struct Store {
     path: PathBuf,
@@ -545,9 +558,7 @@ impl Store {
     /// How many stored series of `signal` have labels that include `matchers`.
     pub fn series_matching(&self, signal: &str, matchers: &BTreeMap<String, String>) -> usize {
         let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
-        catalog.get(signal).map_or(0, |all| {
-            all.iter().filter(|(_, labels)| matchers.iter().all(|(k, v)| labels.get(k) == Some(v))).count()
-        })
+        matching(&catalog, signal, matchers).count()
     }
 
     /// Mean per `step_ms` bucket of every series of `signal` whose labels include `matchers`, over [since, until).
@@ -563,15 +574,7 @@ impl Store {
     ) -> Result<Vec<RangeSeries>> {
         let selected: Vec<(i64, BTreeMap<String, String>)> = {
             let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
-            catalog
-                .get(signal)
-                .map(|all| {
-                    all.iter()
-                        .filter(|(_, labels)| matchers.iter().all(|(k, v)| labels.get(k) == Some(v)))
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default()
+            matching(&catalog, signal, matchers).cloned().collect()
         };
         if selected.is_empty() {
             return Ok(Vec::new());
@@ -782,26 +785,8 @@ fn flush_open_minutes(w: &mut Writer) -> Result<usize> {
     if w.minutes.iter().all(|(_, m)| m.open.is_none()) {
         return Ok(0);
     }
-    let tx = w.conn.transaction()?;
-    let mut written = 0;
-    {
-        let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
-        for (id, m) in w.minutes.iter() {
-            if let Some((minute, fold)) = &m.open {
-                upsert_minute(&mut upsert, id, *minute, fold)?;
-                written += 1;
-            }
-        }
-    }
-    // Every open minute is a row now: nothing left to rebuild from the log.
-    tx.execute("DELETE FROM minute_log", [])?;
-    tx.commit()?;
-    for m in w.minutes.values_mut() {
-        if let Some((minute, _)) = m.open.take() {
-            m.newest_row = Some(minute);
-        }
-    }
-    Ok(written)
+    // Every open minute becomes a row: nothing is left to rebuild from the log.
+    write_open_minutes(w, i64::MAX)
 }
 
 /// Writes the open minutes older than the minute before the newest one (series that
@@ -813,29 +798,36 @@ fn close_stale_minutes(w: &mut Writer) -> Result<()> {
     if cutoff <= w.log_floor {
         return Ok(());
     }
+    write_open_minutes(w, cutoff)?;
+    w.log_floor = cutoff;
+    Ok(())
+}
+
+/// Writes every open minute before `before` as its row and deletes the log rows of
+/// minutes before it, in one transaction; returns the rows written.
+fn write_open_minutes(w: &mut Writer, before: i64) -> Result<usize> {
     let tx = w.conn.transaction()?;
     let mut closed = Vec::new();
     {
         let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
         for (id, m) in w.minutes.iter() {
             if let Some((minute, fold)) = &m.open {
-                if *minute < cutoff {
+                if *minute < before {
                     upsert_minute(&mut upsert, id, *minute, fold)?;
                     closed.push(id);
                 }
             }
         }
     }
-    tx.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [cutoff])?;
+    tx.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [before])?;
     tx.commit()?;
-    for id in closed {
+    for &id in &closed {
         let m = w.minutes.slot(id);
         if let Some((minute, _)) = m.open.take() {
             m.newest_row = Some(minute);
         }
     }
-    w.log_floor = cutoff;
-    Ok(())
+    Ok(closed.len())
 }
 
 /// Writes one batch in one transaction; returns the newest raw timestamp written. The
