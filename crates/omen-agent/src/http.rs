@@ -93,9 +93,9 @@ impl RangeCache {
         if let Some((_, old)) = e.by_query.remove(query) {
             e.bytes -= query.len() + old.len();
         }
-        let full = |e: &RangeEntries| {
-            e.by_query.len() >= RANGE_CACHE_ENTRIES || e.bytes + body.len() > RANGE_CACHE_BYTES
-        };
+        let need = query.len() + body.len();
+        let full =
+            |e: &RangeEntries| e.by_query.len() >= RANGE_CACHE_ENTRIES || e.bytes + need > RANGE_CACHE_BYTES;
         if full(&e) {
             // Answers of older generations can never be served again: drop them first.
             e.by_query.retain(|_, (g, _)| *g == generation);
@@ -105,7 +105,7 @@ impl RangeCache {
                 e.bytes = 0;
             }
         }
-        e.bytes += query.len() + body.len();
+        e.bytes += need;
         e.by_query.insert(query.to_owned(), (generation, body));
     }
 }
