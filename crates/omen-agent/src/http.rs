@@ -244,6 +244,11 @@ impl ApiError {
     fn bad(field: &str, message: impl Into<String>) -> Self {
         Self { status: StatusCode::BAD_REQUEST, field: Some(field.into()), message: message.into() }
     }
+
+    /// A 503: the store or the pipeline cannot serve the request now.
+    fn unavailable(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message: message.into() }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -392,16 +397,8 @@ async fn ingest_inner(
     }
     match tokio::time::timeout(Duration::from_secs(30), rx).await {
         Ok(Ok(Ok(n))) => Ok(n),
-        Ok(Ok(Err(e))) => Err(ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            field: None,
-            message: format!("the store could not write the batch: {e}"),
-        }),
-        _ => Err(ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            field: None,
-            message: "the pipeline did not acknowledge the batch in 30 s".into(),
-        }),
+        Ok(Ok(Err(e))) => Err(ApiError::unavailable(format!("the store could not write the batch: {e}"))),
+        _ => Err(ApiError::unavailable("the pipeline did not acknowledge the batch in 30 s")),
     }
 }
 
@@ -444,15 +441,27 @@ async fn on_store<T: Send + 'static>(
     read: impl FnOnce(&Store) -> anyhow::Result<T> + Send + 'static,
 ) -> Result<T, ApiError> {
     let store = store.clone();
-    let error = |status, message: String| ApiError { status, field: None, message };
-    let _permit = permits
-        .acquire()
-        .await
-        .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("the store is closing: {e}")))?;
+    let _permit = store_permit(permits).await?;
     tokio::task::spawn_blocking(move || read(&store))
         .await
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
+        .map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            field: None,
+            message: e.to_string(),
+        })?
+        .map_err(store_error)
+}
+
+/// One of the store's reader permits; a closed semaphore means the agent is stopping.
+async fn store_permit(
+    permits: &tokio::sync::Semaphore,
+) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+    permits.acquire().await.map_err(|e| ApiError::unavailable(format!("the store is closing: {e}")))
+}
+
+/// A store error as the 503 that names it.
+fn store_error(e: anyhow::Error) -> ApiError {
+    ApiError::unavailable(format!("{e:#}"))
 }
 
 /// Raw range queries over at most this span and this many series run on the request's
@@ -481,11 +490,7 @@ async fn scores(
     ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
     let store = st.store.clone();
     // Kept in memory by the store: no read needed.
-    let latest = store.latest_ts().map_err(|e| ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        field: None,
-        message: format!("{e:#}"),
-    })?;
+    let latest = store.latest_ts().map_err(store_error)?;
     // Default "now" is the newest stored sample, so that replayed traces are queryable too.
     let now = latest.map_or_else(now_ms, |t| t + 1).max(0);
     let until = match q.remove("until") {
@@ -534,16 +539,8 @@ async fn scores(
         && store.series_matching(&signal, &matchers) <= INLINE_SERIES
     {
         // A few hundred rows: cheaper to read here than to hand to a blocking thread and back.
-        let _permit = st.store_reads.acquire().await.map_err(|e| ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            field: None,
-            message: format!("the store is closing: {e}"),
-        })?;
-        store.range(&signal, &matchers, since, until, step_ms, resolution).map_err(|e| ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            field: None,
-            message: format!("{e:#}"),
-        })?
+        let _permit = store_permit(&st.store_reads).await?;
+        store.range(&signal, &matchers, since, until, step_ms, resolution).map_err(store_error)?
     } else {
         let sig = signal.clone();
         on_store(&store, &st.store_reads, move |s| {
@@ -573,7 +570,7 @@ async fn scores(
 /// `/scores/latest[?signal=NAME&LABEL=VALUE...]`: the cached body, or the matching signals only.
 async fn scores_latest(
     State(st): State<AppState>,
-    headers: axum::http::HeaderMap,
+    headers: HeaderMap,
     Query(mut q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let signal = q.remove("signal");
