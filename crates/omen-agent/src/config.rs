@@ -398,17 +398,20 @@ impl std::fmt::Display for ConfigProblem {
     }
 }
 
+/// Deserialises YAML; a syntax or type error comes back as (field path, message), the
+/// path `(top level)` when the document itself is wrong. Shared by the agent's YAML inputs.
+pub(crate) fn from_yaml_at_path<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| {
+        let path = e.path().to_string();
+        (if path == "." { "(top level)".into() } else { path }, e.into_inner().to_string())
+    })
+}
+
 impl Config {
     /// Parses YAML; syntax and type errors carry the field's path.
     pub fn from_yaml(text: &str) -> Result<Self, Vec<ConfigProblem>> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            vec![ConfigProblem {
-                path: if path == "." { "(top level)".into() } else { path },
-                message: e.into_inner().to_string(),
-            }]
-        })?;
+        let config: Config =
+            from_yaml_at_path(text).map_err(|(path, message)| vec![ConfigProblem { path, message }])?;
         let problems = config.validate();
         if problems.is_empty() {
             Ok(config)

@@ -203,11 +203,8 @@ impl Scenario {
             field,
             message,
         };
-        let de = serde_yaml::Deserializer::from_str(text);
-        let s: Scenario = serde_path_to_error::deserialize(de).map_err(|e| {
-            let p = e.path().to_string();
-            invalid(if p == "." { "(top level)".into() } else { p }, e.into_inner().to_string())
-        })?;
+        let s: Scenario =
+            crate::config::from_yaml_at_path(text).map_err(|(field, message)| invalid(field, message))?;
         if s.name.is_empty() || !s.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
             return Err(invalid("name".into(), format!("{:?}: use letters, digits, - and _", s.name)));
         }
