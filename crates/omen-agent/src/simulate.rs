@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use omen_signals::quantile_linear;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -368,13 +369,6 @@ fn normal(rng: &mut StdRng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-/// Linear-interpolation quantile of sorted values.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let pos = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-}
-
 /// Start of the first complete UTC day whose daily indicator (the statistic the
 /// forecast uses, combined over series as it does) is beyond the threshold.
 fn breach_day(
@@ -415,8 +409,8 @@ fn breach_day(
             .map(|mut v| {
                 v.sort_by(f64::total_cmp);
                 match indicator {
-                    SloIndicator::TtftP99 => quantile(&v, 0.99),
-                    SloIndicator::KvUsage | SloIndicator::Kvf => quantile(&v, 0.95),
+                    SloIndicator::TtftP99 => quantile_linear(&v, 0.99),
+                    SloIndicator::KvUsage | SloIndicator::Kvf => quantile_linear(&v, 0.95),
                     SloIndicator::VramHeadroom => v[0],
                     SloIndicator::Rci => v.iter().sum::<f64>() / v.len() as f64,
                 }
