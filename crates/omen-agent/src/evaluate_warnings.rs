@@ -152,22 +152,14 @@ fn alarm_episodes<'a>(events: impl Iterator<Item = &'a AlertEvent>) -> usize {
     episodes
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
-}
-
 /// Aggregates results against the targets.
 pub fn summarize(results: &[ScenarioResult]) -> Summary {
     let slow: Vec<&ScenarioResult> =
         results.iter().filter(|r| r.labels.fault != FaultKind::Healthy && !r.labels.abrupt).collect();
     let missed: Vec<String> =
         slow.iter().filter(|r| r.lead_days.is_none()).map(|r| r.scenario.clone()).collect();
-    let median_lead_days = median(slow.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect());
+    let leads: Vec<f64> = slow.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect();
+    let median_lead_days = (!leads.is_empty()).then(|| omen_signals::median(&leads));
     let healthy: Vec<&ScenarioResult> =
         results.iter().filter(|r| r.labels.fault == FaultKind::Healthy).collect();
     let healthy_false_alarms_per_week = (!healthy.is_empty()).then(|| {

@@ -28,7 +28,8 @@ pub use rci::{
 };
 pub use tle::{first_token_entropy_bits, first_token_entropy_from_top_logprobs, TopKEntropy};
 pub use trend::{
-    days_to_breach, theil_sen, trailing_worst, BreachDirection, BreachForecast, TheilSen, EARLY_WARNING_DAYS,
+    days_to_breach, median, theil_sen, trailing_worst, BreachDirection, BreachForecast, TheilSen,
+    EARLY_WARNING_DAYS,
 };
 pub use window::{window_anomaly_score_direct, WindowAnomaly, WindowScore, SKEW_WEIGHT, STD_EPSILON};
 

@@ -37,7 +37,9 @@ fn median_sorted(sorted: &[f64]) -> f64 {
     }
 }
 
-fn median(values: &[f64]) -> f64 {
+/// Median as numpy computes it (mean of the two middle values for even n); `values` must be non-empty.
+pub fn median(values: &[f64]) -> f64 {
+    debug_assert!(!values.is_empty());
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     median_sorted(&sorted)
