@@ -603,12 +603,7 @@ pub async fn probe(
             usage_tokens = Some(n);
         }
         for choice in chunk.choices.iter().filter(|c| c.index == 0) {
-            let text = choice
-                .delta
-                .as_ref()
-                .and_then(|d| d.content.as_deref())
-                .or(choice.text.as_deref())
-                .unwrap_or("");
+            let text = choice.new_text().unwrap_or("");
             let n_logprobs = choice.logprobs.as_ref().map_or(0, Logprobs::token_count);
             if text.is_empty() && n_logprobs == 0 {
                 continue;

@@ -38,6 +38,13 @@ pub struct Choice {
     pub logprobs: Option<Logprobs>,
 }
 
+impl Choice {
+    /// The text this chunk adds: the chat `delta.content`, else the completions `text`.
+    pub fn new_text(&self) -> Option<&str> {
+        self.delta.as_ref().and_then(|d| d.content.as_deref()).or(self.text.as_deref())
+    }
+}
+
 /// The new text of a chat chunk.
 #[derive(Debug, Deserialize)]
 pub struct Delta {

@@ -10,7 +10,7 @@ use eventsource_stream::{EventStreamError, Eventsource as _};
 use futures_util::StreamExt as _;
 use serde::Deserialize;
 
-use omen_sources::openai_stream::Chunk;
+use omen_sources::openai_stream::{Choice, Chunk};
 
 use super::workflow::Api;
 
@@ -225,11 +225,7 @@ pub async fn send(client: &reqwest::Client, spec: &RequestSpec<'_>) -> Result<Me
             prompt_tokens = u.prompt_tokens.or(prompt_tokens);
             completion_tokens = u.completion_tokens.or(completion_tokens);
         }
-        let text: String = chunk
-            .choices
-            .iter()
-            .filter_map(|c| c.delta.as_ref().and_then(|d| d.content.clone()).or_else(|| c.text.clone()))
-            .collect();
+        let text: String = chunk.choices.iter().filter_map(Choice::new_text).collect();
         if text.is_empty() {
             continue;
         }
