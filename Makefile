@@ -14,7 +14,7 @@ DEPLOY_VENV := .venv-deploy
 BERT_VENV := .venv-bert
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: setup setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
 setup: setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model
@@ -58,9 +58,13 @@ setup-bertscore-model: setup-apt
 setup-llm: setup-apt
 	bash scripts/setup-llm.sh
 
+## build: release binaries in target/release: omen and its model worker omen-worker (the only one linking libtorch)
+build: setup-rust setup-torch
+	$(CARGO) build --release -p omen-agent -p omen-worker
+
 ## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1)
-run: setup-rust setup-torch
-	$(CARGO) run --release -p omen-agent -- run --config $(OMEN_CONFIG)
+run: build
+	target/release/omen run --config $(OMEN_CONFIG)
 
 ## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)
 test: setup test-rust test-fixtures test-ops e2e

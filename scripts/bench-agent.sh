@@ -13,8 +13,10 @@
 # BENCH_BLOCKS / BENCH_CANARIES (push shape, default 8/80/4096/4), BENCH_OUT (JSON
 # summary, default target/bench-agent.json), CARGO_TARGET_DIR (where the release
 # build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built),
-# BENCH_LEAN=1 (the lean sidecar: built with --no-default-features, without tch and
-# libtorch, into target/lean unless CARGO_TARGET_DIR says otherwise).
+# BENCH_LEAN=1 (the lean sidecar: built with --no-default-features, without model
+# support, into target/lean unless CARGO_TARGET_DIR says otherwise). Neither build of
+# `omen` links libtorch: the models run in the omen-worker process, started only when
+# a model is configured, and the bench configures none ("without the model").
 #
 # Everything runs on loopback. Exits non-zero only when the benchmark cannot run;
 # each target is reported as MET or NOT MET. Every process it starts is stopped on exit.
@@ -38,11 +40,11 @@ LEAN=${BENCH_LEAN:-0}
 if [[ $LEAN == 1 ]]; then
     BUILD_ARGS=(--no-default-features)
     TARGET_DIR=${CARGO_TARGET_DIR:-target/lean}
-    BUILD_KIND="lean (--no-default-features: no tch, no libtorch)"
+    BUILD_KIND="lean (--no-default-features: no model support)"
 else
     BUILD_ARGS=()
     TARGET_DIR=${CARGO_TARGET_DIR:-target}
-    BUILD_KIND="default features (lstm, bertscore: links libtorch)"
+    BUILD_KIND="default features (lstm, bertscore: run by omen-worker, not started without a model)"
 fi
 case $TARGET_DIR in /*) ;; *) TARGET_DIR=$ROOT/$TARGET_DIR ;; esac
 if [[ $LEAN == 1 ]]; then OUT=${BENCH_OUT:-$ROOT/target/bench-agent-lean.json}; else OUT=${BENCH_OUT:-$ROOT/target/bench-agent.json}; fi

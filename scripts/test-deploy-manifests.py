@@ -400,6 +400,8 @@ def check_dockerfile(path):
         runs = [" ".join(x.value) for x in b["cmds"] if x.cmd.lower() == "run"]
         if not any(re.search(r"\bcargo build\b.*--release\b", x) and re.search(r"(-p|--package)[ =]omen-agent\b", x) for x in runs):
             errs.append("builder does not run 'cargo build --release -p omen-agent'")
+        if not any(re.search(r"\bcargo build\b.*--release\b.*(-p|--package)[ =]omen-worker\b", x) for x in runs):
+            errs.append("builder does not build the model worker ('cargo build --release -p omen-worker')")
         rimg = r["from"].value[0]
         if not (rimg.startswith("debian:bookworm-slim") or rimg.startswith("gcr.io/distroless/")):
             errs.append(f"runtime must be debian:bookworm-slim or distroless, got {rimg!r}")

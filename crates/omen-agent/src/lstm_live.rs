@@ -1,19 +1,20 @@
 //! The LSTM autoencoder in the live pipeline: each health tick turns the latest value of
-//! every source series (in the model's order) into one feature row, and once a window is
-//! full scores it; the severity becomes the `lstm_ae_score` gauge, which joins health.
+//! every source series (in the model's order) into one raw row for the model worker
+//! (worker.rs), which normalises it, keeps the window and scores it once full; the
+//! severity becomes the `lstm_ae_score` gauge, which joins health.
 
-use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::Arc;
 
-use anyhow::{Context, Result};
-use omen_model::features::FeatureBuilder;
-use omen_model::lstm_ae::{self, LstmAutoencoder};
+use anyhow::{bail, Context, Result};
 
-/// A loaded model with its streaming feature state.
+use crate::worker::{Reply, Request, Worker};
+
+/// A model loaded in the worker, with the agent's view of its sources.
 pub struct LiveModel {
-    model: LstmAutoencoder,
-    builder: FeatureBuilder,
-    rows: VecDeque<Vec<f64>>,
+    worker: Arc<Worker>,
+    sources: Vec<String>,
+    window: usize,
     /// Source series missing at the last tick (logged when the set changes).
     missing: Vec<String>,
 }
@@ -35,29 +36,32 @@ pub enum Tick {
 }
 
 impl LiveModel {
-    /// Loads the model file; errors name the file and the fix.
-    pub fn load(path: &Path, threads: usize) -> Result<Self> {
-        lstm_ae::set_threads(threads);
-        let model = LstmAutoencoder::load(path).context("model.path")?;
-        let builder = model.meta.features.builder();
-        Ok(Self { model, builder, rows: VecDeque::new(), missing: Vec::new() })
+    /// Loads the model file into the worker; errors name the file and the fix.
+    pub fn load(worker: Arc<Worker>, path: &Path, threads: usize) -> Result<Self> {
+        let reply = worker
+            .load(Request::LoadLstm { path: path.to_owned(), threads })
+            .with_context(|| format!("model.path: {}", path.display()))?;
+        let Reply::LstmLoaded { sources, window } = reply else {
+            bail!("model.path: the model worker answered {reply:?} to a model load; omen and omen-worker must come from the same build")
+        };
+        Ok(Self { worker, sources, window, missing: Vec::new() })
     }
 
     /// Source series names, e.g. `kvf_ratio{layer="0"}`, in the model's raw-row order.
     pub fn sources(&self) -> &[String] {
-        &self.model.meta.features.sources
+        &self.sources
     }
 
     /// The model's window length (ticks).
     pub fn window(&self) -> usize {
-        self.model.window()
+        self.window
     }
 
     /// Feeds one tick: `latest` gives each source's latest value, if any.
     pub fn tick(&mut self, latest: impl Fn(&str) -> Option<f64>) -> Result<Tick> {
-        let values: Vec<Option<f64>> = self.sources().iter().map(|s| latest(s)).collect();
+        let values: Vec<Option<f64>> = self.sources.iter().map(|s| latest(s)).collect();
         let missing: Vec<String> =
-            self.sources().iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(s, _)| s.clone()).collect();
+            self.sources.iter().zip(&values).filter(|(_, v)| v.is_none()).map(|(s, _)| s.clone()).collect();
         if missing != self.missing {
             if !missing.is_empty() {
                 tracing::warn!(?missing, "LSTM-AE: source series without a value; the model waits for them");
@@ -68,16 +72,10 @@ impl LiveModel {
             return Ok(Tick::Missing);
         }
         let raw: Vec<f64> = values.into_iter().map(|v| v.expect("checked above")).collect();
-        let row = self.builder.push(&raw)?;
-        self.rows.push_back(row);
-        if self.rows.len() > self.window() {
-            self.rows.pop_front();
+        match self.worker.call(&Request::LstmTick { raw })? {
+            Reply::LstmFilling => Ok(Tick::Filling),
+            Reply::LstmScored { error, severity } => Ok(Tick::Scored { error, severity }),
+            other => bail!("the model worker answered {other:?} to a tick; omen and omen-worker must come from the same build"),
         }
-        if self.rows.len() < self.window() {
-            return Ok(Tick::Filling);
-        }
-        let window: Vec<Vec<f64>> = self.rows.iter().cloned().collect();
-        let error = self.model.score_window(&window)?;
-        Ok(Tick::Scored { error, severity: self.model.severity(error) })
     }
 }

@@ -252,8 +252,11 @@ fn main() -> ExitCode {
             compare(&a, &b, json.as_deref(), opts)
         }
         Command::Simulate { scenario, out } => simulate(&scenario, &out),
-        Command::Train(args) => omen_agent::model_cli::train(&args),
-        Command::Evaluate(args) => omen_agent::model_cli::evaluate(&args),
+        // Parsed here for --help and errors; run by the model worker, which takes the same line.
+        Command::Train(_) | Command::Evaluate(_) => {
+            let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            omen_agent::model_cli::run_in_worker(&args)
+        }
         Command::EvaluateWarnings { scenarios, out, work, config } => {
             let cfg = match config {
                 Some(path) => load_config(&path),

@@ -2,6 +2,9 @@
 //! (`timestamp,value[,...]`), a JSONL sample trace, or the agent's SQLite store.
 //! Traces and stores are resampled to one row per `--step` (last value per series,
 //! carried forward), the same rows the agent builds at each health tick.
+//!
+//! The commands themselves run in the model worker (crates/omen-worker), which links
+//! libtorch; this module holds their arguments and data loading, which need no libtorch.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -326,189 +329,26 @@ pub fn load_labels(labels: &Path, data: &Path) -> Result<Vec<(String, String)>> 
     }
 }
 
+/// `omen train` and `omen evaluate` run in the model worker: `omen-worker` takes the same
+/// command line (`args` is it, from the subcommand on), and only it links libtorch.
 #[cfg(feature = "lstm")]
-mod torch_commands {
-    use std::io::IsTerminal;
-
-    use anyhow::{bail, Context, Result};
-    use indicatif::{ProgressBar, ProgressStyle};
-    use omen_model::eval::{nab_profile, window_f1, window_rows};
-    use omen_model::features::FeatureSet;
-    use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
-    use omen_model::nab::{self, NabCorpus, PROFILES};
-
-    use super::{load_labels, load_table, EvaluateArgs, TrainArgs};
-
-    /// Mean seconds to score one window (batch of one), over `n` runs.
-    fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> {
-        let feats = model.meta.features.transform_all(&rows[..model.window()])?;
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            model.score_window(&feats)?;
-        }
-        Ok(t.elapsed().as_secs_f64() / n as f64)
-    }
-
-    /// `omen train`.
-    pub fn train(a: &TrainArgs) -> Result<()> {
-        lstm_ae::set_threads(a.threads);
-        let table = load_table(&a.data)?;
-        let n = table.rows.len();
-        let take = if a.nab_probation {
-            nab::probation_length(n)
-        } else {
-            if !(a.train_fraction > 0.0 && a.train_fraction <= 1.0) {
-                bail!("--train-fraction {} must be in (0, 1]", a.train_fraction);
-            }
-            (n as f64 * a.train_fraction).round() as usize
-        };
-        let rows = &table.rows[..take];
-        let features = FeatureSet::parse(table.columns.clone(), &a.features).context("--features")?;
-        let cfg = LstmAeConfig {
-            window: a.window,
-            hidden: a.hidden,
-            decoder_hidden: a.hidden,
-            latent: a.latent,
-            epochs: a.epochs,
-            patience: a.patience,
-            batch_size: a.batch_size,
-            learning_rate: a.learning_rate,
-            seed: a.seed,
-            ..Default::default()
-        };
-        let bar = if a.no_progress || !std::io::stderr().is_terminal() {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(a.epochs as u64)
-        };
-        bar.set_style(
-            ProgressStyle::with_template("{bar:30} epoch {pos}/{len} {msg} [{elapsed}]")
-                .expect("valid template"),
-        );
-        let model = LstmAutoencoder::train(features, rows, &cfg, &mut |p| {
-            bar.set_position(p.epoch as u64);
-            bar.set_message(format!("train {:.4} val {:.4}", p.train_loss, p.val_loss));
-        })
-        .with_context(|| format!("training on {}", a.data.data.display()))?;
-        bar.finish_and_clear();
-        let t = &model.meta.training;
-        println!(
-            "trained on {take} of {n} rows ({} columns x {} features): {} epochs (best {}), train loss {:.5}, val loss {:.5}, {:.1}s",
-            model.meta.features.sources.len(),
-            model.meta.features.width(),
-            t.epochs_run,
-            t.best_epoch,
-            t.train_loss,
-            t.val_loss,
-            t.seconds
-        );
-        println!(
-            "POT threshold {:.6} (risk {}, from {} errors); {} parameters",
-            model.meta.pot.threshold,
-            model.meta.pot.risk,
-            if t.threshold_from_validation { "validation" } else { "all window" },
-            model.parameter_count()
-        );
-        let model = match a.prune {
-            None => model,
-            Some(keep) => {
-                let (pruned, r) = model.prune(keep, Some(rows), a.fine_tune)?;
-                let (l0, l1) = (latency(&model, rows, 200)?, latency(&pruned, rows, 200)?);
-                println!(
-                    "pruned to {keep}: parameters {} -> {}, encoder {} -> {} units, decoder {} -> {}; latency per window {:.3} ms -> {:.3} ms; POT threshold {:.6}",
-                    r.parameters_before,
-                    r.parameters_after,
-                    model.meta.dims.hidden,
-                    pruned.meta.dims.hidden,
-                    model.meta.dims.decoder_hidden,
-                    pruned.meta.dims.decoder_hidden,
-                    l0 * 1e3,
-                    l1 * 1e3,
-                    pruned.meta.pot.threshold
-                );
-                pruned
-            }
-        };
-        model.save(&a.out)?;
-        println!("wrote {}", a.out.display());
-        Ok(())
-    }
-
-    /// `omen evaluate`.
-    pub fn evaluate(a: &EvaluateArgs) -> Result<()> {
-        lstm_ae::set_threads(a.threads);
-        let model = LstmAutoencoder::load(&a.model)?;
-        let table = load_table(&a.data)?.select(&model.meta.features.sources, &a.data.data)?;
-        let windows = load_labels(&a.labels, &a.data.data)?;
-        let rows = window_rows(&table.timestamps, &windows).map_err(|e| {
-            anyhow::anyhow!("{}: {e}; the labels must use the data's timestamps", a.labels.display())
-        })?;
-        let severity: Vec<f64> = model
-            .score_series(&table.rows)?
-            .into_iter()
-            .map(|e| e.map_or(0.0, |e| model.severity(e)))
-            .collect();
-        let n = table.rows.len();
-        let probation = nab::probation_length(n);
-        let detected: Vec<bool> = severity.iter().map(|&s| s >= 0.6).collect();
-        let f = window_f1(&detected, &rows, probation);
-        println!(
-            "{} rows, {} anomaly windows; scored after NAB's probation ({probation} rows); detection = severity >= 0.6 (the POT threshold)",
-            n,
-            windows.len()
-        );
-        println!(
-            "window-based: TP {} FN {} FP {} (runs outside windows); precision {:.3} recall {:.3} F1 {:.3}",
-            f.tp, f.fn_, f.fp, f.precision, f.recall, f.f1
-        );
-        let key = a.data.data.display().to_string();
-        let corpus = NabCorpus {
-            windows: [(key.clone(), windows.clone())].into_iter().collect(),
-            profiles: PROFILES
-                .iter()
-                .map(|p| (p.to_string(), nab_profile(p).expect("NAB profile")))
-                .collect(),
-        };
-        let files = vec![(key.clone(), table.timestamps.clone(), severity.clone())];
-        println!(
-            "| NAB profile | score at 0.6 (normalised) | optimised threshold | score there (normalised) |"
-        );
-        println!("|---|---|---|---|");
-        for p in PROFILES {
-            let cost = corpus.cost(p)?;
-            let at = nab::score_file(&corpus, &key, &table.timestamps, &severity, &cost, 0.6)?;
-            let null = -(windows.len() as f64) * cost.fn_;
-            let norm_at = nab::normalise(at.row.score, null, windows.len(), &cost);
-            let (best, norm) = nab::optimised_normalised(&corpus, &files, &cost)?;
-            println!(
-                "| {p} | {:.3} ({norm_at:.2}) | {:.4} | {:.3} ({norm:.2}) |",
-                at.row.score, best.threshold, best.score
-            );
-        }
-        if let Some(out) = &a.scores {
-            let mut text = String::from("timestamp,anomaly_score\n");
-            for (t, s) in table.timestamps.iter().zip(&severity) {
-                text.push_str(&format!("{t},{s}\n"));
-            }
-            std::fs::write(out, text).with_context(|| format!("cannot write {}", out.display()))?;
-        }
-        Ok(())
+pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<()> {
+    let status = crate::worker::run_command(args)?;
+    match status.code() {
+        Some(0) => Ok(()),
+        // The worker printed its own error; its exit code is passed on.
+        Some(code) => std::process::exit(code),
+        None => bail!("the model worker was killed ({status})"),
     }
 }
 
-#[cfg(feature = "lstm")]
-pub use torch_commands::{evaluate, train};
-
-/// `omen train` without the `lstm` feature: a clear error.
+/// `omen train` / `omen evaluate` without the `lstm` feature: a clear error.
 #[cfg(not(feature = "lstm"))]
-pub fn train(_: &TrainArgs) -> Result<()> {
-    bail!("omen train needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features")
-}
-
-/// `omen evaluate` without the `lstm` feature: a clear error.
-#[cfg(not(feature = "lstm"))]
-pub fn evaluate(_: &EvaluateArgs) -> Result<()> {
-    bail!("omen evaluate needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features")
+pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<()> {
+    bail!(
+        "omen {} needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features",
+        args.first().map(|a| a.to_string_lossy()).unwrap_or_default()
+    )
 }
 
 #[cfg(test)]

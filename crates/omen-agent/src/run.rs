@@ -86,7 +86,8 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     let store = Arc::new(Store::open(&cfg.store.path)?);
     info!(path = %store.path().display(), "store open");
     // Before anything starts, so that a bad model folder fails start-up.
-    let semantic = semantic::load(&cfg).await?;
+    let worker = start_worker(&cfg)?;
+    let semantic = semantic::load(&cfg, worker.as_ref()).await?;
     let live = Arc::new(LiveMetrics::new());
     let registry = Arc::new(metrics::registry(live.clone()));
     // Before any source starts, so that the OTLP histograms see every latency.
@@ -95,7 +96,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         None => None,
     };
     let mut engine = Engine::new(cfg.clone(), store.clone(), live.clone())?;
-    attach_model(&cfg, &mut engine)?;
+    attach_model(&cfg, worker.as_ref(), &mut engine)?;
     let summary = engine.summary_handle();
     let ready = Arc::new(AtomicBool::new(false));
     let (ingest_tx, mut ingest_rx) = mpsc::channel::<IngestJob>(cfg.http.ingest_queue);
@@ -186,20 +187,35 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     Ok(Agent { api_addr, metrics_addr, state, shutdown, pipeline, servers, trace_done, otlp })
 }
 
+/// The model worker, when the config names a model it must run; `None` otherwise, so a
+/// sidecar without a model never starts libtorch.
+fn start_worker(cfg: &Config) -> Result<Option<Arc<crate::worker::Worker>>> {
+    if cfg.model.is_none() && !semantic::configured(cfg) {
+        return Ok(None);
+    }
+    let program = crate::worker::find_program(cfg.worker.path.as_deref()).context("worker.path")?;
+    Ok(Some(Arc::new(crate::worker::Worker::new(program, cfg.worker.timeout))))
+}
+
 /// Loads the configured LSTM-AE model into the engine; a model that cannot be used stops start-up.
-fn attach_model(cfg: &Config, engine: &mut Engine) -> Result<()> {
+fn attach_model(
+    cfg: &Config,
+    #[cfg_attr(not(feature = "lstm"), allow(unused_variables))] worker: Option<&Arc<crate::worker::Worker>>,
+    engine: &mut Engine,
+) -> Result<()> {
     let Some(m) = &cfg.model else {
         info!("no model.path configured: running the statistical detectors only (window anomaly scores, forecasts)");
         return Ok(());
     };
     #[cfg(feature = "lstm")]
     {
-        let model = crate::lstm_live::LiveModel::load(&m.path, m.threads)?;
+        let worker = worker.context("model.path: no model worker was started")?.clone();
+        let model = crate::lstm_live::LiveModel::load(worker, &m.path, m.threads)?;
         info!(
             path = %m.path.display(),
             sources = model.sources().len(),
             window = model.window(),
-            "LSTM-AE model loaded; its score joins the health score"
+            "LSTM-AE model loaded in the model worker; its score joins the health score"
         );
         engine.set_model(model);
         Ok(())

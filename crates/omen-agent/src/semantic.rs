@@ -1,7 +1,8 @@
 //! The canaries' semantic similarity: BERTScore F1 of an answer against its reference
-//! (omen-model, all-MiniLM-L6-v2 on tch), loaded once at start-up from
-//! `sources.canary.bertscore_model_dir`. Without it, or in a build without the
-//! `bertscore` feature, RCI drops its semantic part and renormalises the other weights.
+//! (omen-model, all-MiniLM-L6-v2 on tch, run by the model worker: worker.rs), loaded once
+//! at start-up from `sources.canary.bertscore_model_dir`. Without it, or in a build
+//! without the `bertscore` feature, RCI drops its semantic part and renormalises the
+//! other weights.
 
 use std::sync::Arc;
 
@@ -10,75 +11,88 @@ use tracing::info;
 
 use crate::config::Config;
 
-/// The loaded BERTScore model, shared by the probes; the encoder runs on a blocking thread.
+/// The BERTScore model, loaded in the model worker and shared by the probes.
 #[cfg(feature = "bertscore")]
-pub struct SemanticModel(std::sync::Mutex<omen_model::bertscore::BertScorer>);
+pub struct SemanticModel(Arc<crate::worker::Worker>);
 
 /// This build has no BERTScore code, so no model can exist.
 #[cfg(not(feature = "bertscore"))]
 pub enum SemanticModel {}
 
-/// Loads the model the config names (`None`, logged once, when none is configured).
-pub async fn load(cfg: &Config) -> Result<Option<Arc<SemanticModel>>> {
-    let Some(canary) = &cfg.sources.canary else {
-        return Ok(None);
-    };
-    let Some(dir) = canary.bertscore_model_dir.clone() else {
-        info!(
-            "BERTScore is off (sources.canary.bertscore_model_dir is not set): canary RCI uses BLEU and \
-             repetition with renormalised weights"
-        );
-        return Ok(None);
-    };
-    load_dir(dir).await.map(|m| Some(Arc::new(m)))
+/// Whether the config asks for BERTScore.
+pub fn configured(cfg: &Config) -> bool {
+    cfg.sources.canary.as_ref().is_some_and(|c| c.bertscore_model_dir.is_some())
 }
 
-#[cfg(feature = "bertscore")]
-async fn load_dir(dir: std::path::PathBuf) -> Result<SemanticModel> {
-    use anyhow::Context;
-    let started = std::time::Instant::now();
-    let shown = dir.display().to_string();
-    let scorer = tokio::task::spawn_blocking(move || omen_model::bertscore::BertScorer::load(&dir))
+/// Loads the model the config names into `worker` (`None`, logged once, when none is configured).
+pub async fn load(
+    cfg: &Config,
+    #[cfg_attr(not(feature = "bertscore"), allow(unused_variables))] worker: Option<
+        &Arc<crate::worker::Worker>,
+    >,
+) -> Result<Option<Arc<SemanticModel>>> {
+    let Some(dir) = cfg.sources.canary.as_ref().and_then(|c| c.bertscore_model_dir.clone()) else {
+        if cfg.sources.canary.is_some() {
+            info!(
+                "BERTScore is off (sources.canary.bertscore_model_dir is not set): canary RCI uses BLEU and \
+                 repetition with renormalised weights"
+            );
+        }
+        return Ok(None);
+    };
+    #[cfg(feature = "bertscore")]
+    {
+        use anyhow::Context;
+        let worker =
+            worker.context("sources.canary.bertscore_model_dir: no model worker was started")?.clone();
+        let started = std::time::Instant::now();
+        let shown = dir.display().to_string();
+        // A sidecar shares its node with the inference server: one libtorch thread, unless the
+        // operator sets OMP_NUM_THREADS (spinning OpenMP threads on busy cores cost ~15x).
+        let threads = std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+        let w = worker.clone();
+        let reply = tokio::task::spawn_blocking(move || {
+            w.load(crate::worker::Request::LoadBertscore { dir, threads })
+        })
         .await
         .context("BERTScore loading task")?
         .with_context(|| format!("sources.canary.bertscore_model_dir: {shown}"))?;
-    // A sidecar shares its node with the inference server: one libtorch thread, unless the
-    // operator sets OMP_NUM_THREADS (spinning OpenMP threads on busy cores cost ~15x).
-    let threads = std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let scorer = scorer.with_threads(threads);
-    info!(
-        model_dir = %shown,
-        layer = scorer.num_layers(),
-        threads,
-        load_ms = started.elapsed().as_millis() as u64,
-        "BERTScore on: canary RCI includes 1 - BERTScore F1"
-    );
-    Ok(SemanticModel(std::sync::Mutex::new(scorer)))
-}
-
-#[cfg(not(feature = "bertscore"))]
-async fn load_dir(_dir: std::path::PathBuf) -> Result<SemanticModel> {
+        let crate::worker::Reply::BertscoreLoaded { layers } = reply else {
+            anyhow::bail!("sources.canary.bertscore_model_dir: the model worker answered {reply:?} to a model load; omen and omen-worker must come from the same build")
+        };
+        info!(
+            model_dir = %shown,
+            layer = layers,
+            threads,
+            load_ms = started.elapsed().as_millis() as u64,
+            "BERTScore on: canary RCI includes 1 - BERTScore F1"
+        );
+        Ok(Some(Arc::new(SemanticModel(worker))))
+    }
+    #[cfg(not(feature = "bertscore"))]
     anyhow::bail!(
-        "sources.canary.bertscore_model_dir: this omen was built without the `bertscore` feature; \
-         rebuild with default features or remove the key"
+        "sources.canary.bertscore_model_dir: {} is set, but this omen was built without the `bertscore` \
+         feature; rebuild with default features or remove the key",
+        dir.display()
     )
 }
 
 impl SemanticModel {
-    /// BERTScore F1 in [0, 1] of `answer` against `reference`, computed on a blocking thread.
+    /// BERTScore F1 in [0, 1] of `answer` against `reference`, computed by the worker.
     #[cfg(feature = "bertscore")]
     pub async fn f1(self: &Arc<Self>, answer: String, reference: String) -> Result<f64> {
         use anyhow::Context;
-        use omen_signals::rci::SemanticSimilarity;
         let model = self.clone();
-        tokio::task::spawn_blocking(move || {
-            // A panic in another probe's forward pass leaves the model intact (it is read-only).
-            let scorer = model.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            scorer.f1(&answer, &reference)
+        let reply = tokio::task::spawn_blocking(move || {
+            model.0.call(&crate::worker::Request::BertscoreF1 { answer, reference })
         })
         .await
         .context("BERTScore task")?
-        .context("BERTScore of the canary answer")
+        .context("BERTScore of the canary answer")?;
+        match reply {
+            crate::worker::Reply::BertscoreF1 { f1 } => Ok(f1),
+            other => anyhow::bail!("the model worker answered {other:?} to a BERTScore request; omen and omen-worker must come from the same build"),
+        }
     }
 
     /// Never called: no model exists in this build.

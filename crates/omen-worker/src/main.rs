@@ -1,0 +1,55 @@
+//! `omen-worker`: the models on libtorch in a process of their own, so that the `omen`
+//! agent never links libtorch (whose load alone costs about 130 MB of RSS).
+//!
+//! - `omen-worker serve`: the agent starts it when a model is configured and sends it
+//!   JSON-line requests on stdin (omen_agent::worker); replies go to stdout, logs to stderr.
+//! - `omen-worker train ...` / `omen-worker evaluate ...`: what `omen train` and
+//!   `omen evaluate` run, with the same arguments.
+
+mod commands;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "omen-worker",
+    version,
+    about = "omen's model worker: LSTM autoencoder and BERTScore on libtorch"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the agent's model requests: JSON lines on stdin, replies on stdout.
+    Serve,
+    /// Train the LSTM autoencoder on normal data (CSV, JSONL trace or store) and write the model file.
+    Train(omen_agent::model_cli::TrainArgs),
+    /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
+    Evaluate(omen_agent::model_cli::EvaluateArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve => {
+            omen_agent::logging();
+            serve::serve(std::io::stdin().lock(), std::io::stdout().lock())
+        }
+        Command::Train(args) => commands::train(&args),
+        Command::Evaluate(args) => commands::evaluate(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `omen train` runs this binary: name the command the user typed.
+            eprintln!("omen: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
