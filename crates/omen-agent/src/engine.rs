@@ -623,25 +623,102 @@ impl Engine {
 
     /// (day midpoint in days since the epoch, indicator) for complete days in [from, until).
     fn daily_indicator(&self, slo: &SloConfig, from_ms: i64, until_ms: i64) -> Result<Vec<(f64, f64)>> {
-        let (signal, pick, combine): (&str, PickDaily, CombineSeries) = match slo.indicator {
-            SloIndicator::TtftP99 => ("canary_ttft_seconds", |d| d.p99, max_of),
-            SloIndicator::KvUsage => ("kvcache_usage_ratio", |d| d.p95, max_of),
-            SloIndicator::Kvf => ("kvf_ratio", |d| d.p95, max_of),
-            SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", |d| d.min, min_of),
-            SloIndicator::Rci => ("rci", |d| d.mean, mean_of),
-        };
+        let def = IndicatorDefinition::of(slo.indicator);
         let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-        for d in self.store.day_aggregates(signal, from_ms, until_ms)? {
-            by_day.entry(d.day_ms).or_default().push(pick(&d));
+        for d in self.store.day_aggregates(def.signal, from_ms, until_ms)? {
+            by_day.entry(d.day_ms).or_default().push(def.statistic.of_aggregate(&d));
         }
-        Ok(by_day.into_iter().map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, combine(&v))).collect())
+        Ok(by_day
+            .into_iter()
+            .map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v)))
+            .collect())
     }
 }
 
-/// Which daily statistic of one series an indicator uses.
-type PickDaily = fn(&crate::store::DayAggregate) -> f64;
-/// How an indicator combines the series of one day (max over layers, mean over canaries).
-type CombineSeries = fn(&[f64]) -> f64;
+/// How an SLO indicator is computed from stored samples: the one definition that the
+/// forecasts and the simulator's breach labels (simulate.rs) share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndicatorDefinition {
+    /// The stored series it reads.
+    pub signal: &'static str,
+    /// Which daily statistic of each series.
+    pub statistic: DailyStatistic,
+    /// How the series of one day combine (max over layers, mean over canaries).
+    pub combine: CombineSeries,
+}
+
+impl IndicatorDefinition {
+    /// The definition of `indicator` (config.rs documents each).
+    pub fn of(indicator: SloIndicator) -> Self {
+        use CombineSeries::{Max, Mean, Min};
+        let (signal, statistic, combine) = match indicator {
+            SloIndicator::TtftP99 => ("canary_ttft_seconds", DailyStatistic::P99, Max),
+            SloIndicator::KvUsage => ("kvcache_usage_ratio", DailyStatistic::P95, Max),
+            SloIndicator::Kvf => ("kvf_ratio", DailyStatistic::P95, Max),
+            SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", DailyStatistic::Min, Min),
+            SloIndicator::Rci => ("rci", DailyStatistic::Mean, Mean),
+        };
+        Self { signal, statistic, combine }
+    }
+}
+
+/// A daily statistic of one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DailyStatistic {
+    /// 99th percentile.
+    P99,
+    /// 95th percentile.
+    P95,
+    /// Minimum.
+    Min,
+    /// Mean.
+    Mean,
+}
+
+impl DailyStatistic {
+    /// The statistic as the store's day aggregate holds it.
+    pub fn of_aggregate(self, d: &crate::store::DayAggregate) -> f64 {
+        match self {
+            Self::P99 => d.p99,
+            Self::P95 => d.p95,
+            Self::Min => d.min,
+            Self::Mean => d.mean,
+        }
+    }
+
+    /// The statistic of one day's values, sorted ascending and not empty; the quantiles are
+    /// numpy's linear ones, as the store's day aggregates compute them.
+    pub fn of_sorted(self, sorted: &[f64]) -> f64 {
+        match self {
+            Self::P99 => omen_signals::quantile_linear(sorted, 0.99),
+            Self::P95 => omen_signals::quantile_linear(sorted, 0.95),
+            Self::Min => sorted[0],
+            Self::Mean => sorted.iter().sum::<f64>() / sorted.len() as f64,
+        }
+    }
+}
+
+/// How the series of one day combine into the day's indicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CombineSeries {
+    /// The highest (the worst layer or GPU).
+    Max,
+    /// The lowest (the least headroom).
+    Min,
+    /// The mean (over canaries).
+    Mean,
+}
+
+impl CombineSeries {
+    /// Combines one day's per-series statistics (not empty).
+    pub fn apply(self, v: &[f64]) -> f64 {
+        match self {
+            Self::Max => v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            Self::Min => v.iter().copied().fold(f64::INFINITY, f64::min),
+            Self::Mean => v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+}
 
 /// Risk in [0, 1] of one window score.
 fn score_risk(signals: &crate::config::SignalsConfig, score: f64) -> f64 {
@@ -680,18 +757,6 @@ fn track_onset(
             held: 0,
         });
     }
-}
-
-fn max_of(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-}
-
-fn min_of(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
-fn mean_of(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len() as f64
 }
 
 #[cfg(test)]

@@ -13,12 +13,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use omen_signals::quantile_linear;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Direction, SloIndicator};
+use crate::engine::IndicatorDefinition;
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -377,27 +377,25 @@ fn breach_day(
     threshold: f64,
     direction: Direction,
 ) -> Option<i64> {
+    let def = IndicatorDefinition::of(indicator);
+    // The trace carries used and total GPU memory; the agent derives the headroom series.
+    let headroom = def.signal == "gpu_memory_headroom_ratio";
     // day -> series -> values
     let mut days: BTreeMap<i64, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
     let mut used: BTreeMap<(i64, String), f64> = BTreeMap::new();
     for s in samples {
         let day = s.ts_ms.div_euclid(DAY_MS) * DAY_MS;
         let key = format!("{:?}", s.labels);
-        let value = match (indicator, s.signal.as_str()) {
-            (SloIndicator::TtftP99, "canary_ttft_seconds")
-            | (SloIndicator::KvUsage, "kvcache_usage_ratio")
-            | (SloIndicator::Kvf, "kvf_ratio")
-            | (SloIndicator::Rci, "rci") => s.value,
-            (SloIndicator::VramHeadroom, "gpu_memory_used_bytes") => {
+        let value = match s.signal.as_str() {
+            signal if signal == def.signal => s.value,
+            "gpu_memory_used_bytes" if headroom => {
                 used.insert((s.ts_ms, key), s.value);
                 continue;
             }
-            (SloIndicator::VramHeadroom, "gpu_memory_total_bytes") => {
-                match used.remove(&(s.ts_ms, key.clone())) {
-                    Some(u) if s.value > 0.0 => (1.0 - u / s.value).clamp(0.0, 1.0),
-                    _ => continue,
-                }
-            }
+            "gpu_memory_total_bytes" if headroom => match used.remove(&(s.ts_ms, key.clone())) {
+                Some(u) if s.value > 0.0 => (1.0 - u / s.value).clamp(0.0, 1.0),
+                _ => continue,
+            },
             _ => continue,
         };
         days.entry(day).or_default().entry(key).or_default().push(value);
@@ -408,19 +406,10 @@ fn breach_day(
             .into_values()
             .map(|mut v| {
                 v.sort_by(f64::total_cmp);
-                match indicator {
-                    SloIndicator::TtftP99 => quantile_linear(&v, 0.99),
-                    SloIndicator::KvUsage | SloIndicator::Kvf => quantile_linear(&v, 0.95),
-                    SloIndicator::VramHeadroom => v[0],
-                    SloIndicator::Rci => v.iter().sum::<f64>() / v.len() as f64,
-                }
+                def.statistic.of_sorted(&v)
             })
             .collect();
-        let combined = match indicator {
-            SloIndicator::VramHeadroom => stats.iter().copied().fold(f64::INFINITY, f64::min),
-            SloIndicator::Rci => stats.iter().sum::<f64>() / stats.len() as f64,
-            _ => stats.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        };
+        let combined = def.combine.apply(&stats);
         let beyond = match direction {
             Direction::Above => combined > threshold,
             Direction::Below => combined < threshold,
