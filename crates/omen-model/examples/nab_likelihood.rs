@@ -3,21 +3,27 @@
 //! - window score (w), squashed s / (1 + s);
 //! - its anomaly likelihood (omen_signals::AnomalyLikelihood, log scale);
 //! - range novelty (omen_signals::RangeNovelty): 1 where a value leaves the range seen so far;
-//! - combined: 1 on novelty, else the likelihood.
+//! - combined: 1 on novelty, else the likelihood;
+//! - context surprise (omen_signals::ContextSurprise) of each value, over the range of
+//!   the file's probationary rows widened by `pad` x that range on each side (0 during
+//!   those rows, which NAB does not score);
+//! - combined: 1 on novelty, else the surprise.
 //!
 //! Usage: `cargo run --release -p omen-model --example nab_likelihood -- [OPTIONS]`
 //! Options (defaults in brackets): `--window 16` `--short 10` `--history 8640` `--learning 300`
-//! `--tolerance 0.01` `--refractory 200`. OMEN_NAB_DIR overrides the data directory.
+//! `--tolerance 0.01` `--refractory 200` `--bins 16` `--order 3` `--alpha 1` `--pad 0.2`.
+//! OMEN_NAB_DIR overrides the data directory.
 
 use std::path::PathBuf;
 
 use omen_model::nab::{self, NabCorpus, PROFILES};
-use omen_signals::{AnomalyLikelihood, LikelihoodConfig, RangeNovelty, WindowAnomaly};
+use omen_signals::{AnomalyLikelihood, ContextSurprise, LikelihoodConfig, RangeNovelty, WindowAnomaly};
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut window, mut tolerance, mut refractory) = (16usize, 0.01f64, 200u64);
+    let (mut bins, mut order, mut alpha, mut pad) = (16usize, 3usize, 1.0f64, 0.2f64);
     let mut lk_cfg = LikelihoodConfig::default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -29,6 +35,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--learning" => lk_cfg.learning = v.parse()?,
             "--tolerance" => tolerance = v.parse()?,
             "--refractory" => refractory = v.parse()?,
+            "--bins" => bins = v.parse()?,
+            "--order" => order = v.parse()?,
+            "--alpha" => alpha = v.parse()?,
+            "--pad" => pad = v.parse()?,
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -36,7 +46,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
     let corpus = NabCorpus::load(&dir)?;
-    let names = ["window score", "window likelihood", "range novelty", "combined (novelty, likelihood)"];
+    let names = [
+        "window score",
+        "window likelihood",
+        "range novelty",
+        "combined (novelty, likelihood)",
+        "context surprise",
+        "combined (novelty, surprise)",
+    ];
     let mut columns: Vec<Files> = vec![Vec::new(); names.len()];
     let mut numenta: Files = Vec::new();
     for rel in nab::data_files(&dir)? {
@@ -44,12 +61,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut det = WindowAnomaly::new(window)?;
         let mut lk = AnomalyLikelihood::new(lk_cfg)?;
         let mut nv = RangeNovelty::new(tolerance, refractory)?;
+        let probation = nab::probation_length(values.len());
+        let seen = &values[..probation.max(1)];
+        let (lo, hi) =
+            seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+        let margin = ((hi - lo) * pad).max(1e-9);
+        let mut cs = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
         let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
-        for &v in &values {
+        for (i, &v) in values.iter().enumerate() {
             let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
             let l = lk.push(s)?.unwrap_or(0.0);
             let novel = if nv.push(v)? { 1.0 } else { 0.0 };
-            for (col, x) in out.iter_mut().zip([s, l, novel, l.max(novel)]) {
+            let surprise = cs.push(v)?;
+            let surprise = if i < probation { 0.0 } else { surprise };
+            for (col, x) in out.iter_mut().zip([s, l, novel, l.max(novel), surprise, surprise.max(novel)]) {
                 col.push(x);
             }
         }
@@ -61,7 +86,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, likelihood {lk_cfg:?}, \
-         novelty tolerance {tolerance} refractory {refractory}",
+         novelty tolerance {tolerance} refractory {refractory}; surprise bins {bins} order {order} \
+         alpha {alpha} pad {pad}",
         numenta.len()
     );
     println!("| profile | {} | numenta |", names.join(" | "));

@@ -1,13 +1,13 @@
 //! Post-processing of anomaly scores for sparse, early detections (what NAB rewards):
-//! an HTM-style anomaly likelihood of a raw score, and a range-novelty flag for values
-//! beyond everything seen so far.
+//! an HTM-style anomaly likelihood of a raw score, a range-novelty flag for values
+//! beyond everything seen so far, and a context-model surprise of each value.
 //!
 //! The likelihood follows the idea of Ahmad et al., "Unsupervised real-time anomaly
 //! detection for streaming data" (2017): a raw score is judged by how unlikely the
 //! short-term mean of recent scores is under a normal fit to that mean over a long
 //! history, reported on a log scale so that only very unlikely runs come near 1.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use crate::{invalid, SignalError};
 
@@ -170,6 +170,106 @@ impl RangeNovelty {
     }
 }
 
+/// How surprising a value is after the values before it, an analogue of HTM's prediction
+/// error: values are quantised into `bins` equal bins over `[low, high)` (plus one bin
+/// below and one above), and an order-`order` context model counts which bin followed
+/// each run of the previous `order` bins. The surprise is `1 - P(bin | context)` with
+/// add-`alpha` smoothing, from the longest context seen before (backing off to shorter
+/// ones, down to the plain bin frequencies; the very first value scores 1). About 0 on a
+/// pattern seen many times, near 1 on a new one. Memory is bounded: at most
+/// `(bins + 2)^k` contexts of each length k <= order.
+#[derive(Debug, Clone)]
+pub struct ContextSurprise {
+    low: f64,
+    width: f64,
+    bins: usize,
+    order: usize,
+    alpha: f64,
+    /// Per context length k (0..=order): context code -> (count per bin, total).
+    counts: Vec<HashMap<u64, (Vec<f64>, f64)>>,
+    recent: VecDeque<u16>,
+    pushed: u64,
+}
+
+impl ContextSurprise {
+    /// Most bins: context codes of length `order` must fit in a u64.
+    pub const MAX_BINS: usize = 1024;
+
+    /// A surprise model over `[low, high)`; fails unless `low < high` (both finite),
+    /// 1 <= `bins` <= [`Self::MAX_BINS`], `order` <= 4 and `alpha` > 0.
+    pub fn new(low: f64, high: f64, bins: usize, order: usize, alpha: f64) -> Result<Self, SignalError> {
+        if !(low.is_finite() && high.is_finite() && low < high) {
+            return Err(invalid("high", high, format!("must be finite and above low ({low})")));
+        }
+        if bins == 0 || bins > Self::MAX_BINS {
+            return Err(invalid("bins", bins, format!("must be in 1..={}", Self::MAX_BINS)));
+        }
+        if order > 4 {
+            return Err(invalid("order", order, "must be at most 4"));
+        }
+        if !(alpha > 0.0 && alpha.is_finite()) {
+            return Err(invalid("alpha", alpha, "must be a finite number > 0"));
+        }
+        Ok(Self {
+            low,
+            width: (high - low) / bins as f64,
+            bins,
+            order,
+            alpha,
+            counts: vec![HashMap::new(); order + 1],
+            recent: VecDeque::with_capacity(order + 1),
+            pushed: 0,
+        })
+    }
+
+    /// The bin of `x`: 0 below `low`, `bins + 1` at or above `high`.
+    fn bin(&self, x: f64) -> u16 {
+        let b = ((x - self.low) / self.width).floor();
+        if b < 0.0 {
+            0
+        } else if b >= self.bins as f64 {
+            (self.bins + 1) as u16
+        } else {
+            b as u16 + 1
+        }
+    }
+
+    /// Code of the last `k` bins.
+    fn context(&self, k: usize) -> u64 {
+        let base = (self.bins + 2) as u64;
+        self.recent.iter().skip(self.recent.len() - k).fold(0u64, |code, &b| code * base + u64::from(b))
+    }
+
+    /// Adds one value and returns its surprise in [0, 1].
+    pub fn push(&mut self, x: f64) -> Result<f64, SignalError> {
+        if !x.is_finite() {
+            return Err(SignalError::NonFinite { input: "value", index: self.pushed as usize, value: x });
+        }
+        self.pushed += 1;
+        let bin = usize::from(self.bin(x));
+        let n_bins = (self.bins + 2) as f64;
+        let longest = self.order.min(self.recent.len());
+        let mut surprise = 1.0;
+        for k in (0..=longest).rev() {
+            if let Some((next, total)) = self.counts[k].get(&self.context(k)) {
+                surprise = 1.0 - (next[bin] + self.alpha) / (total + self.alpha * n_bins);
+                break;
+            }
+        }
+        for k in 0..=longest {
+            let code = self.context(k);
+            let (next, total) = self.counts[k].entry(code).or_insert_with(|| (vec![0.0; self.bins + 2], 0.0));
+            next[bin] += 1.0;
+            *total += 1.0;
+        }
+        self.recent.push_back(bin as u16);
+        if self.recent.len() > self.order {
+            self.recent.pop_front();
+        }
+        Ok(surprise.clamp(0.0, 1.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +325,54 @@ mod tests {
         // 6.0 is new (range 0); 6.05 is within 10% of the range [5, 6]; 6.2 is beyond it;
         // 7.0 and 8.0 are within 3 of the flag at 6.2; 9.0 (index 7) is 3 after it.
         assert_eq!(flags, [false, true, false, false, true, false, false, true, false, false, true]);
+    }
+
+    #[test]
+    fn a_repeated_pattern_stops_surprising_and_a_new_value_does() {
+        let mut cs = ContextSurprise::new(0.0, 4.0, 4, 2, 0.1).unwrap();
+        let pattern = [0.5, 1.5, 2.5, 3.5];
+        let mut last_round = Vec::new();
+        for round in 0..30 {
+            let s: Vec<f64> = pattern.iter().map(|&x| cs.push(x).unwrap()).collect();
+            if round == 0 {
+                assert_eq!(s[0], 1.0, "the first value has no model yet");
+            }
+            last_round = s;
+        }
+        assert!(last_round.iter().all(|&s| s < 0.05), "{last_round:?}");
+        // A known value out of turn, then a value beyond the range: both surprising.
+        assert!(cs.push(2.5).unwrap() > 0.9);
+        assert!(cs.push(9.0).unwrap() > 0.9);
+        assert!(ContextSurprise::new(1.0, 1.0, 4, 2, 0.1).is_err());
+        assert!(ContextSurprise::new(0.0, 1.0, 0, 2, 0.1).is_err());
+        assert!(ContextSurprise::new(0.0, 1.0, 4, 5, 0.1).is_err());
+        assert!(ContextSurprise::new(0.0, 1.0, 4, 2, 0.0).is_err());
+        assert!(cs.push(f64::NAN).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn surprise_is_a_probability_complement_and_repeats_make_it_fall(
+            xs in proptest::collection::vec(-10.0f64..10.0, 1..200),
+            bins in 1usize..20,
+            order in 0usize..4,
+        ) {
+            let mut cs = ContextSurprise::new(-5.0, 5.0, bins, order, 0.5).unwrap();
+            for &x in &xs {
+                let s = cs.push(x).unwrap();
+                prop_assert!((0.0..=1.0).contains(&s));
+            }
+            // The same value over and over: each repeat is no more surprising than the one before.
+            let mut prev = f64::INFINITY;
+            for _ in 0..order + 1 {
+                cs.push(xs[0]).unwrap();
+            }
+            for _ in 0..20 {
+                let s = cs.push(xs[0]).unwrap();
+                prop_assert!(s <= prev + 1e-12, "{} after {}", s, prev);
+                prev = s;
+            }
+        }
     }
 
     proptest! {
