@@ -255,7 +255,10 @@ fn main() -> ExitCode {
         // Parsed here for --help and errors; run by the model worker, which takes the same line.
         Command::Train(_) | Command::Evaluate(_) => {
             let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            omen_agent::model_cli::run_in_worker(&args)
+            match omen_agent::model_cli::run_in_worker(&args) {
+                Ok(code) => return ExitCode::from(code),
+                Err(e) => Err(e),
+            }
         }
         Command::EvaluateWarnings { scenarios, out, work, config } => {
             let cfg = match config {

@@ -331,20 +331,19 @@ pub fn load_labels(labels: &Path, data: &Path) -> Result<Vec<(String, String)>> 
 
 /// `omen train` and `omen evaluate` run in the model worker: `omen-worker` takes the same
 /// command line (`args` is it, from the subcommand on), and only it links libtorch.
+/// Returns the worker's exit code (it printed its own errors) for the caller to exit with.
 #[cfg(feature = "lstm")]
-pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<()> {
+pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<u8> {
     let status = crate::worker::run_command(args)?;
     match status.code() {
-        Some(0) => Ok(()),
-        // The worker printed its own error; its exit code is passed on.
-        Some(code) => std::process::exit(code),
+        Some(code) => Ok(u8::try_from(code).unwrap_or(1)),
         None => bail!("the model worker was killed ({status})"),
     }
 }
 
 /// `omen train` / `omen evaluate` without the `lstm` feature: a clear error.
 #[cfg(not(feature = "lstm"))]
-pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<()> {
+pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<u8> {
     bail!(
         "omen {} needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features",
         args.first().map(|a| a.to_string_lossy()).unwrap_or_default()

@@ -167,3 +167,14 @@ async fn a_killed_model_worker_costs_the_score_not_the_samples_and_comes_back() 
     assert_ne!(new_pid, pid);
     agent.stop().await.unwrap();
 }
+
+#[test]
+fn omen_train_passes_the_worker_error_and_exit_code_on() {
+    let out = Command::new(env!("CARGO_BIN_EXE_omen"))
+        .args(["train", "--data", "/nonexistent/normal.csv", "--out", "/nonexistent/model.ot"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("omen: ") && stderr.contains("/nonexistent/normal.csv"), "{stderr}");
+}
