@@ -1,38 +1,37 @@
-//! Scores omen's window anomaly score after likelihood post-processing on the NAB files,
-//! beside numenta's, all optimised with the same threshold sweep:
+//! Scores omen's raw anomaly scores alone and post-processed, on the NAB files, beside
+//! numenta's, all optimised with the same threshold sweep:
 //! - window score (w), squashed s / (1 + s);
-//! - its anomaly likelihood (omen_signals::AnomalyLikelihood, log scale);
+//! - the numenta detector's post-processing of it (omen_signals::HtmLikelihood, the exact
+//!   port: anomaly likelihood, log scale, spatial rule);
 //! - range novelty (omen_signals::RangeNovelty): 1 where a value leaves the range seen so far;
-//! - combined: 1 on novelty, else the likelihood;
-//! - context surprise (omen_signals::ContextSurprise) of each value, over the range of
-//!   the file's probationary rows widened by `pad` x that range on each side (0 during
-//!   those rows, which NAB does not score);
-//! - combined: 1 on novelty, else the surprise.
+//! - context surprise (omen_signals::ContextSurprise) of each value, over the range of the
+//!   file's probationary rows widened by `pad` x that range on each side (0 during those
+//!   rows, which NAB does not score);
+//! - the numenta post-processing of the surprise;
+//! - combined: 1 on novelty, else the surprise;
+//! - the numenta post-processing of numenta's own published raw score: a check that the
+//!   port gives numenta's published score (it reproduces the published anomaly_score
+//!   column, tests/nab_published.rs).
 //!
 //! Usage: `cargo run --release -p omen-model --example nab_likelihood -- [OPTIONS]`
-//! Options (defaults in brackets): `--window 16` `--short 10` `--history 8640` `--learning 300`
-//! `--tolerance 0.01` `--refractory 200` `--bins 16` `--order 3` `--alpha 1` `--pad 0.2`.
-//! OMEN_NAB_DIR overrides the data directory.
+//! Options (defaults in brackets): `--window 16` `--tolerance 0.01` `--refractory 200`
+//! `--bins 16` `--order 3` `--alpha 1` `--pad 0.2`. OMEN_NAB_DIR overrides the data directory.
 
 use std::path::PathBuf;
 
 use omen_model::nab::{self, NabCorpus, PROFILES};
-use omen_signals::{AnomalyLikelihood, ContextSurprise, LikelihoodConfig, RangeNovelty, WindowAnomaly};
+use omen_signals::{ContextSurprise, HtmLikelihood, RangeNovelty, WindowAnomaly};
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut window, mut tolerance, mut refractory) = (16usize, 0.01f64, 200u64);
     let (mut bins, mut order, mut alpha, mut pad) = (16usize, 3usize, 1.0f64, 0.2f64);
-    let mut lk_cfg = LikelihoodConfig::default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         let v = pair.get(1).ok_or_else(|| format!("{} needs a value", pair[0]))?;
         match pair[0].as_str() {
             "--window" => window = v.parse()?,
-            "--short" => lk_cfg.short_window = v.parse()?,
-            "--history" => lk_cfg.history = v.parse()?,
-            "--learning" => lk_cfg.learning = v.parse()?,
             "--tolerance" => tolerance = v.parse()?,
             "--refractory" => refractory = v.parse()?,
             "--bins" => bins = v.parse()?,
@@ -48,46 +47,57 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let corpus = NabCorpus::load(&dir)?;
     let names = [
         "window score",
-        "window likelihood",
+        "numenta post-processing of it",
         "range novelty",
-        "combined (novelty, likelihood)",
         "context surprise",
+        "numenta post-processing of it",
         "combined (novelty, surprise)",
+        "numenta post-processing of numenta's raw score",
     ];
     let mut columns: Vec<Files> = vec![Vec::new(); names.len()];
     let mut numenta: Files = Vec::new();
     for rel in nab::data_files(&dir)? {
         let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value")?;
-        let mut det = WindowAnomaly::new(window)?;
-        let mut lk = AnomalyLikelihood::new(lk_cfg)?;
-        let mut nv = RangeNovelty::new(tolerance, refractory)?;
+        let published = nab::result_path(&dir, "numenta", &rel);
+        let (_, htm_raw) = nab::read_csv_column(&published, "raw_score")?;
         let probation = nab::probation_length(values.len());
+        let mut det = WindowAnomaly::new(window)?;
+        let mut nv = RangeNovelty::new(tolerance, refractory)?;
         let seen = &values[..probation.max(1)];
         let (lo, hi) =
             seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
         let margin = ((hi - lo) * pad).max(1e-9);
         let mut cs = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
+        let mut htm_window = HtmLikelihood::new(probation.max(2))?;
+        let mut htm_surprise = HtmLikelihood::new(probation.max(2))?;
+        let mut htm_own = HtmLikelihood::new(probation.max(2))?;
         let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
-        for (i, &v) in values.iter().enumerate() {
+        for (i, (&v, &raw)) in values.iter().zip(&htm_raw).enumerate() {
             let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
-            let l = lk.push(s)?.unwrap_or(0.0);
             let novel = if nv.push(v)? { 1.0 } else { 0.0 };
             let surprise = cs.push(v)?;
-            let surprise = if i < probation { 0.0 } else { surprise };
-            for (col, x) in out.iter_mut().zip([s, l, novel, l.max(novel), surprise, surprise.max(novel)]) {
+            let row = [
+                s,
+                htm_window.push(v, s)?,
+                novel,
+                if i < probation { 0.0 } else { surprise },
+                htm_surprise.push(v, surprise)?,
+                if i < probation { 0.0 } else { surprise }.max(novel),
+                htm_own.push(v, raw)?,
+            ];
+            for (col, x) in out.iter_mut().zip(row) {
                 col.push(x);
             }
         }
         for (col, scores) in columns.iter_mut().zip(out) {
             col.push((rel.clone(), ts.clone(), scores));
         }
-        let (nts, nsc) = nab::read_csv_column(&nab::result_path(&dir, "numenta", &rel), "anomaly_score")?;
+        let (nts, nsc) = nab::read_csv_column(&published, "anomaly_score")?;
         numenta.push((rel, nts, nsc));
     }
     println!(
-        "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, likelihood {lk_cfg:?}, \
-         novelty tolerance {tolerance} refractory {refractory}; surprise bins {bins} order {order} \
-         alpha {alpha} pad {pad}",
+        "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, novelty tolerance \
+         {tolerance} refractory {refractory}; surprise bins {bins} order {order} alpha {alpha} pad {pad}",
         numenta.len()
     );
     println!("| profile | {} | numenta |", names.join(" | "));

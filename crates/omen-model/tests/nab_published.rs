@@ -130,3 +130,27 @@ fn corpus_sweep_agrees_with_per_file_scoring_and_optimises() {
         }
     }
 }
+
+/// omen_signals::HtmLikelihood (the port of the numenta detector's post-processing) fed
+/// NAB's published numenta `raw_score` column reproduces its `anomaly_score` column, row
+/// for row, in every file: the likelihood, its filter, the log scale and the spatial rule
+/// are NAB's own. (The published CSVs carry 12 significant digits.)
+#[test]
+fn htm_likelihood_reproduces_numenta_scores_from_its_raw_scores() {
+    let dir = nab_dir();
+    let mut rows = 0;
+    for rel in nab::data_files(&dir).unwrap() {
+        let (_, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value").unwrap();
+        let published = nab::result_path(&dir, "numenta", &rel);
+        let (_, raw) = nab::read_csv_column(&published, "raw_score").unwrap();
+        let (_, want) = nab::read_csv_column(&published, "anomaly_score").unwrap();
+        assert_eq!((values.len(), raw.len()), (want.len(), want.len()), "{rel}");
+        let mut h = omen_signals::HtmLikelihood::new(nab::probation_length(values.len())).unwrap();
+        for (i, ((&v, &r), &w)) in values.iter().zip(&raw).zip(&want).enumerate() {
+            let got = h.push(v, r).unwrap();
+            assert!((got - w).abs() < 1e-9, "{rel} row {i}: {got} vs published {w}");
+        }
+        rows += values.len();
+    }
+    assert_eq!(rows, 137_301, "rows in the 24 files");
+}

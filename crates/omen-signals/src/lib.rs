@@ -6,6 +6,7 @@
 
 pub mod bleu;
 pub mod delta;
+pub mod htm_likelihood;
 pub mod kvf;
 pub mod novelty;
 pub mod rci;
@@ -18,11 +19,12 @@ pub use delta::{
     delta_metric, interval_from_differences, percentile_difference_ci, quantile_linear, BootstrapInterval,
     DeltaVerdict,
 };
+pub use htm_likelihood::{htm_log_likelihood, HtmLikelihood};
 pub use kvf::{
     blocks_needed, first_fit_contiguous, fragmentation_from_bitmap, fragmentation_from_extents,
     fragmentation_from_occupancy, plan_paged_blocks, BlockPlan, Fragmentation, KVF_ALERT_THRESHOLD,
 };
-pub use novelty::{log_likelihood_score, AnomalyLikelihood, ContextSurprise, LikelihoodConfig, RangeNovelty};
+pub use novelty::{ContextSurprise, RangeNovelty};
 pub use rci::{
     consistency_decay_index, repetition_ratio, Rci, RciParts, RciWeights, SemanticSimilarity, StreamingRci,
 };
