@@ -7,30 +7,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use omen_agent::config::Config;
+use omen_agent::run::Agent;
 use serde_json::json;
 
-fn value(i: usize) -> f64 {
-    10.0 + 3.0 * (i as f64 * std::f64::consts::TAU / 12.0).sin() + ((i * 7919) % 11) as f64 * 0.05
-}
+#[path = "support/tiny_model.rs"]
+mod tiny_model;
 
+use tiny_model::value;
+
+/// A tiny model trained by `omen train`; `omen evaluate` on the same CSV is checked too.
 fn train_tiny(dir: &std::path::Path) -> std::path::PathBuf {
-    let csv = dir.join("normal.csv");
-    let mut text = String::from("timestamp,queue_depth\n");
-    for i in 0..400 {
-        text.push_str(&format!("2026-01-01 {:02}:{:02}:00,{}\n", i / 60, i % 60, value(i)));
-    }
-    std::fs::write(&csv, text).unwrap();
-    let model = dir.join("model.ot");
-    let out = Command::new(env!("CARGO_BIN_EXE_omen"))
-        .args(["train", "--data"])
-        .arg(&csv)
-        .arg("--out")
-        .arg(&model)
-        .args(["--window", "6", "--hidden", "6", "--latent", "3", "--epochs", "4", "--threads", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (model, stdout) = tiny_model::train_tiny(env!("CARGO_BIN_EXE_omen"), dir, 400, 4);
     assert!(stdout.contains("POT threshold") && stdout.contains("wrote"), "{stdout}");
 
     // evaluate on the same CSV with one labelled window
@@ -40,7 +27,7 @@ fn train_tiny(dir: &std::path::Path) -> std::path::PathBuf {
         .args(["evaluate", "--model"])
         .arg(&model)
         .arg("--data")
-        .arg(&csv)
+        .arg(dir.join("normal.csv"))
         .arg("--labels")
         .arg(&labels)
         .output()
@@ -51,42 +38,39 @@ fn train_tiny(dir: &std::path::Path) -> std::path::PathBuf {
     model
 }
 
+/// A running agent with the model, its API root and a client.
+async fn start_with_model(
+    dir: &std::path::Path,
+    model: &std::path::Path,
+) -> (Agent, String, reqwest::Client) {
+    let yaml = format!(
+        "store:\n  path: {}\nhttp:\n  listen: 127.0.0.1:0\nhealth:\n  interval: 1s\nmodel:\n  path: {}\n",
+        dir.join("omen.db").display(),
+        model.display()
+    );
+    let agent = omen_agent::run::start(Config::from_yaml(&yaml).unwrap()).await.unwrap();
+    let base = format!("http://{}", agent.api_addr);
+    let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    (agent, base, c)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_scores_the_model_and_exports_it() {
     let dir = tempfile::tempdir().unwrap();
     let model = train_tiny(dir.path());
-    let yaml = format!(
-        "store:\n  path: {}\nhttp:\n  listen: 127.0.0.1:0\nhealth:\n  interval: 1s\nmodel:\n  path: {}\n",
-        dir.path().join("omen.db").display(),
-        model.display()
-    );
-    let cfg = Config::from_yaml(&yaml).unwrap();
-    let agent = omen_agent::run::start(cfg).await.unwrap();
-    let base = format!("http://{}", agent.api_addr);
-    let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-    let t0 = 1_793_577_600_000i64;
+    let (agent, base, c) = start_with_model(dir.path(), &model).await;
     // One sample a second of event time: a tick each, 6 ticks fill the window.
-    for i in 0..12 {
-        let r = c
-            .post(format!("{base}/v1/ingest/samples"))
-            .json(&json!({"samples": [{"ts_ms": t0 + i as i64 * 1000, "signal": "queue_depth", "value": value(i)}]}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
-    let mut text = String::new();
+    push(&c, &base, T0, 0, 12).await;
+    let mut score = None;
     for _ in 0..50 {
-        text = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-        if text.contains("omen_lstm_ae_score ") {
+        score = lstm_gauge(&c, &base).await;
+        if score.is_some() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let line =
-        text.lines().find(|l| l.starts_with("omen_lstm_ae_score ")).unwrap_or_else(|| panic!("{text}"));
-    let v: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!((0.0..=1.0).contains(&v), "{line}");
+    let v = score.expect("omen_lstm_ae_score in /metrics");
+    assert!((0.0..=1.0).contains(&v), "{v}");
     agent.stop().await.unwrap();
 }
 
@@ -116,6 +100,10 @@ fn worker_pid() -> Option<u32> {
         })
 }
 
+/// Event time of the first pushed sample.
+const T0: i64 = 1_793_577_600_000;
+
+/// Pushes samples `from..to` of the series, one a second of event time from `t0`.
 async fn push(c: &reqwest::Client, base: &str, t0: i64, from: usize, to: usize) {
     for i in from..to {
         let r = c
@@ -128,6 +116,7 @@ async fn push(c: &reqwest::Client, base: &str, t0: i64, from: usize, to: usize) 
     }
 }
 
+/// The `omen_lstm_ae_score` gauge in /metrics, if exported.
 async fn lstm_gauge(c: &reqwest::Client, base: &str) -> Option<f64> {
     let text = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     text.lines()
@@ -139,15 +128,8 @@ async fn lstm_gauge(c: &reqwest::Client, base: &str) -> Option<f64> {
 async fn a_killed_model_worker_costs_the_score_not_the_samples_and_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let model = train_tiny(dir.path());
-    let yaml = format!(
-        "store:\n  path: {}\nhttp:\n  listen: 127.0.0.1:0\nhealth:\n  interval: 1s\nmodel:\n  path: {}\n",
-        dir.path().join("omen.db").display(),
-        model.display()
-    );
-    let agent = omen_agent::run::start(Config::from_yaml(&yaml).unwrap()).await.unwrap();
-    let base = format!("http://{}", agent.api_addr);
-    let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-    let t0 = 1_793_577_600_000i64;
+    let (agent, base, c) = start_with_model(dir.path(), &model).await;
+    let t0 = T0;
     push(&c, &base, t0, 0, 8).await;
     assert!(lstm_gauge(&c, &base).await.is_some(), "no score after the window filled");
 

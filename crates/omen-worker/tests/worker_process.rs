@@ -10,29 +10,10 @@ use omen_agent::worker::{Reply, Request, Worker, WorkerError};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_omen-worker");
 
-fn value(i: usize) -> f64 {
-    10.0 + 3.0 * (i as f64 * std::f64::consts::TAU / 12.0).sin() + ((i * 7919) % 11) as f64 * 0.05
-}
+#[path = "../../omen-agent/tests/support/tiny_model.rs"]
+mod tiny_model;
 
-fn train_tiny(dir: &Path) -> PathBuf {
-    let csv = dir.join("normal.csv");
-    let mut text = String::from("timestamp,queue_depth\n");
-    for i in 0..300 {
-        text.push_str(&format!("2026-01-01 {:02}:{:02}:00,{}\n", i / 60, i % 60, value(i)));
-    }
-    std::fs::write(&csv, text).unwrap();
-    let model = dir.join("model.ot");
-    let out = Command::new(WORKER)
-        .args(["train", "--data"])
-        .arg(&csv)
-        .arg("--out")
-        .arg(&model)
-        .args(["--window", "6", "--hidden", "6", "--latent", "3", "--epochs", "3", "--threads", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    model
-}
+use tiny_model::value;
 
 fn tick(w: &Worker, i: usize) -> Result<Reply, WorkerError> {
     w.call(&Request::LstmTick { raw: vec![value(i)] })
@@ -41,7 +22,7 @@ fn tick(w: &Worker, i: usize) -> Result<Reply, WorkerError> {
 #[test]
 fn a_killed_worker_is_started_again_with_its_model() {
     let dir = tempfile::tempdir().unwrap();
-    let model = train_tiny(dir.path());
+    let (model, _) = tiny_model::train_tiny(WORKER, dir.path(), 300, 3);
     let w = Worker::new(WORKER.into(), Duration::from_secs(30)).with_restart_after(Duration::ZERO);
     let loaded = w.load(Request::LoadLstm { path: model, threads: 1 }).unwrap();
     assert_eq!(loaded, Reply::LstmLoaded { sources: vec!["queue_depth".into()], window: 6 });
