@@ -39,14 +39,15 @@ pub struct WorkerConfig {
     /// The worker binary; default `$OMEN_WORKER`, else `omen-worker` next to `omen`, else on `$PATH`.
     pub path: Option<PathBuf>,
     /// Longest wait for one answer (a model load may take four times this); a worker that
-    /// does not answer in time is killed and started again.
+    /// does not answer in time is killed and started again. Scoring takes milliseconds,
+    /// and a hung worker holds the pipeline for at most this long, hence 5 s.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        Self { path: None, timeout: Duration::from_secs(30) }
+        Self { path: None, timeout: Duration::from_secs(5) }
     }
 }
 

@@ -386,6 +386,19 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_that_does_not_answer_is_killed_after_the_timeout() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let hung = dir.path().join("hung-worker");
+        std::fs::write(&hung, "#!/bin/sh\nexec sleep 60\n").unwrap();
+        std::fs::set_permissions(&hung, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let w = Worker::new(hung, Duration::from_millis(300));
+        let e = w.call(&Request::LstmTick { raw: vec![1.0] }).unwrap_err();
+        assert!(e.to_string().contains("did not answer within 300ms"), "{e}");
+        assert_eq!(w.pid(), None, "the hung worker is killed, not kept");
+    }
+
+    #[test]
     fn a_worker_that_is_not_a_worker_is_reported_and_not_restarted_at_once() {
         // `true` exits at once without answering: the call reports it, the next one waits.
         let w = Worker::new(PathBuf::from("true"), Duration::from_secs(5));
