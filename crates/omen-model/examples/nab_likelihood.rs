@@ -9,13 +9,18 @@
 //!   rows, which NAB does not score);
 //! - the numenta post-processing of the surprise;
 //! - combined: 1 on novelty, else the surprise;
+//! - time-of-day surprise: the same model with the row's time-of-day bucket (`day-buckets`
+//!   equal parts of the day) as part of every context
+//!   (omen_signals::ContextSurprise::push_tagged);
+//! - combined: 1 on novelty, else the larger of the two surprises;
 //! - the numenta post-processing of numenta's own published raw score: a check that the
 //!   port gives numenta's published score (it reproduces the published anomaly_score
 //!   column, tests/nab_published.rs).
 //!
 //! Usage: `cargo run --release -p omen-model --example nab_likelihood -- [OPTIONS]`
 //! Options (defaults in brackets): `--window 16` `--tolerance 0.01` `--refractory 200`
-//! `--bins 16` `--order 3` `--alpha 1` `--pad 0.2`. OMEN_NAB_DIR overrides the data directory.
+//! `--bins 16` `--order 3` `--alpha 1` `--pad 0.2` `--day-buckets 8`. OMEN_NAB_DIR overrides
+//! the data directory.
 
 use std::path::PathBuf;
 
@@ -27,6 +32,7 @@ type Files = Vec<(String, Vec<String>, Vec<f64>)>;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut window, mut tolerance, mut refractory) = (16usize, 0.01f64, 200u64);
     let (mut bins, mut order, mut alpha, mut pad) = (16usize, 3usize, 1.0f64, 0.2f64);
+    let mut day_buckets = 8u16;
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         let v = pair.get(1).ok_or_else(|| format!("{} needs a value", pair[0]))?;
@@ -38,6 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--order" => order = v.parse()?,
             "--alpha" => alpha = v.parse()?,
             "--pad" => pad = v.parse()?,
+            "--day-buckets" => day_buckets = v.parse()?,
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -52,6 +59,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "context surprise",
         "numenta post-processing of it",
         "combined (novelty, surprise)",
+        "time-of-day surprise",
+        "combined (novelty, both surprises)",
         "numenta post-processing of numenta's raw score",
     ];
     let mut columns: Vec<Files> = vec![Vec::new(); names.len()];
@@ -68,21 +77,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
         let margin = ((hi - lo) * pad).max(1e-9);
         let mut cs = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
+        let mut cs_day = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
         let mut htm_window = HtmLikelihood::new(probation.max(2))?;
         let mut htm_surprise = HtmLikelihood::new(probation.max(2))?;
         let mut htm_own = HtmLikelihood::new(probation.max(2))?;
         let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
-        for (i, (&v, &raw)) in values.iter().zip(&htm_raw).enumerate() {
+        for (i, ((&v, &raw), t)) in values.iter().zip(&htm_raw).zip(&ts).enumerate() {
             let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
             let novel = if nv.push(v)? { 1.0 } else { 0.0 };
             let surprise = cs.push(v)?;
+            let day_surprise = cs_day.push_tagged(v, day_bucket(t, day_buckets)?)?;
+            let scored = |x: f64| if i < probation { 0.0 } else { x };
             let row = [
                 s,
                 htm_window.push(v, s)?,
                 novel,
-                if i < probation { 0.0 } else { surprise },
+                scored(surprise),
                 htm_surprise.push(v, surprise)?,
-                if i < probation { 0.0 } else { surprise }.max(novel),
+                scored(surprise).max(novel),
+                scored(day_surprise),
+                scored(surprise.max(day_surprise)).max(novel),
                 htm_own.push(v, raw)?,
             ];
             for (col, x) in out.iter_mut().zip(row) {
@@ -97,7 +111,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, novelty tolerance \
-         {tolerance} refractory {refractory}; surprise bins {bins} order {order} alpha {alpha} pad {pad}",
+         {tolerance} refractory {refractory}; surprise bins {bins} order {order} alpha {alpha} pad {pad} \
+         day buckets {day_buckets}",
         numenta.len()
     );
     println!("| profile | {} | numenta |", names.join(" | "));
@@ -112,4 +127,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// The time-of-day bucket of a NAB timestamp (`YYYY-MM-DD HH:MM:SS`): 0..buckets.
+fn day_bucket(ts: &str, buckets: u16) -> Result<u16, String> {
+    let parse = |r: std::ops::Range<usize>| ts.get(r).and_then(|s| s.parse::<u32>().ok());
+    let (Some(h), Some(m)) = (parse(11..13), parse(14..16)) else {
+        return Err(format!("timestamp {ts:?} is not YYYY-MM-DD HH:MM:SS"));
+    };
+    if buckets == 0 {
+        return Err("--day-buckets must be at least 1".into());
+    }
+    Ok(((h * 60 + m) * u32::from(buckets) / 1440) as u16)
 }

@@ -60,7 +60,7 @@ impl RangeNovelty {
 /// add-`alpha` smoothing, from the longest context seen before (backing off to shorter
 /// ones, down to the plain bin frequencies; the very first value scores 1). About 0 on a
 /// pattern seen many times, near 1 on a new one. Memory is bounded: at most
-/// `(bins + 2)^k` contexts of each length k <= order.
+/// `(bins + 2)^k` contexts of each length k <= order, per tag ([`Self::push_tagged`]).
 #[derive(Debug, Clone)]
 pub struct ContextSurprise {
     low: f64,
@@ -117,14 +117,25 @@ impl ContextSurprise {
         }
     }
 
-    /// Code of the last `k` bins.
-    fn context(&self, k: usize) -> u64 {
+    /// Code of `tag` and the last `k` bins (unique per k: base^k exceeds every k-bin code).
+    fn context(&self, tag: u16, k: usize) -> u64 {
         let base = (self.bins + 2) as u64;
-        self.recent.iter().skip(self.recent.len() - k).fold(0u64, |code, &b| code * base + u64::from(b))
+        self.recent
+            .iter()
+            .skip(self.recent.len() - k)
+            .fold(u64::from(tag), |code, &b| code * base + u64::from(b))
     }
 
     /// Adds one value and returns its surprise in [0, 1].
     pub fn push(&mut self, x: f64) -> Result<f64, SignalError> {
+        self.push_tagged(x, 0)
+    }
+
+    /// [`Self::push`] with `tag` as part of every context: the same run of bins under two
+    /// tags is two contexts, so a pattern that depends on, say, the time of day (tag = its
+    /// bucket) is learned per bucket. Bins seen before belong to the same history whatever
+    /// their tag.
+    pub fn push_tagged(&mut self, x: f64, tag: u16) -> Result<f64, SignalError> {
         if !x.is_finite() {
             return Err(SignalError::NonFinite { input: "value", index: self.pushed as usize, value: x });
         }
@@ -134,13 +145,13 @@ impl ContextSurprise {
         let longest = self.order.min(self.recent.len());
         let mut surprise = 1.0;
         for k in (0..=longest).rev() {
-            if let Some((next, total)) = self.counts[k].get(&self.context(k)) {
+            if let Some((next, total)) = self.counts[k].get(&self.context(tag, k)) {
                 surprise = 1.0 - (next[bin] + self.alpha) / (total + self.alpha * n_bins);
                 break;
             }
         }
         for k in 0..=longest {
-            let code = self.context(k);
+            let code = self.context(tag, k);
             let (next, total) = self.counts[k].entry(code).or_insert_with(|| (vec![0.0; self.bins + 2], 0.0));
             next[bin] += 1.0;
             *total += 1.0;
@@ -197,6 +208,22 @@ mod tests {
         assert!(ContextSurprise::new(0.0, 1.0, 4, 5, 0.1).is_err());
         assert!(ContextSurprise::new(0.0, 1.0, 4, 2, 0.0).is_err());
         assert!(cs.push(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn a_tag_separates_contexts() {
+        // Tag 0 is always followed by 0.5, tag 1 by 2.5: learned per tag, while without tags
+        // the two alternate and each stays half surprising.
+        let mut tagged = ContextSurprise::new(0.0, 4.0, 4, 0, 0.1).unwrap();
+        let mut plain = ContextSurprise::new(0.0, 4.0, 4, 0, 0.1).unwrap();
+        let (mut t_last, mut p_last) = (1.0, 1.0);
+        for i in 0..100u16 {
+            let x = if i % 2 == 0 { 0.5 } else { 2.5 };
+            t_last = tagged.push_tagged(x, i % 2).unwrap();
+            p_last = plain.push(x).unwrap();
+        }
+        assert!(t_last < 0.05, "{t_last}");
+        assert!((0.4..0.6).contains(&p_last), "{p_last}");
     }
 
     proptest! {
