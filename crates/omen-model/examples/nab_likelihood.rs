@@ -12,7 +12,8 @@
 //! - time-of-day surprise: the same model with the row's time-of-day bucket (`day-buckets`
 //!   equal parts of the day) as part of every context
 //!   (omen_signals::ContextSurprise::push_tagged);
-//! - combined: 1 on novelty, else the larger of the two surprises;
+//! - combined: 1 on novelty, else the larger of the two surprises
+//!   (omen_signals::NoveltySurprise, omen's NAB detector);
 //! - the numenta post-processing of numenta's own published raw score: a check that the
 //!   port gives numenta's published score (it reproduces the published anomaly_score
 //!   column, tests/nab_published.rs).
@@ -25,7 +26,9 @@
 use std::path::PathBuf;
 
 use omen_model::nab::{self, NabCorpus, PROFILES};
-use omen_signals::{ContextSurprise, HtmLikelihood, RangeNovelty, WindowAnomaly};
+use omen_signals::{
+    ContextSurprise, HtmLikelihood, NoveltySurprise, NoveltySurpriseConfig, RangeNovelty, WindowAnomaly,
+};
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;
 
@@ -78,6 +81,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let margin = ((hi - lo) * pad).max(1e-9);
         let mut cs = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
         let mut cs_day = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
+        let config = NoveltySurpriseConfig { bins, order, alpha, day_buckets, tolerance, refractory };
+        let mut detector = NoveltySurprise::new(lo - margin, hi + margin, probation as u64, config)?;
         let mut htm_window = HtmLikelihood::new(probation.max(2))?;
         let mut htm_surprise = HtmLikelihood::new(probation.max(2))?;
         let mut htm_own = HtmLikelihood::new(probation.max(2))?;
@@ -86,7 +91,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
             let novel = if nv.push(v)? { 1.0 } else { 0.0 };
             let surprise = cs.push(v)?;
-            let day_surprise = cs_day.push_tagged(v, day_bucket(t, day_buckets)?)?;
+            let day = nab::day_fraction(t)?;
+            let day_surprise = cs_day.push_tagged(v, (day * f64::from(day_buckets)) as u16)?;
             let scored = |x: f64| if i < probation { 0.0 } else { x };
             let row = [
                 s,
@@ -96,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 htm_surprise.push(v, surprise)?,
                 scored(surprise).max(novel),
                 scored(day_surprise),
-                scored(surprise.max(day_surprise)).max(novel),
+                detector.push(v, day)?,
                 htm_own.push(v, raw)?,
             ];
             for (col, x) in out.iter_mut().zip(row) {
@@ -127,16 +133,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{line}");
     }
     Ok(())
-}
-
-/// The time-of-day bucket of a NAB timestamp (`YYYY-MM-DD HH:MM:SS`): 0..buckets.
-fn day_bucket(ts: &str, buckets: u16) -> Result<u16, String> {
-    let parse = |r: std::ops::Range<usize>| ts.get(r).and_then(|s| s.parse::<u32>().ok());
-    let (Some(h), Some(m)) = (parse(11..13), parse(14..16)) else {
-        return Err(format!("timestamp {ts:?} is not YYYY-MM-DD HH:MM:SS"));
-    };
-    if buckets == 0 {
-        return Err("--day-buckets must be at least 1".into());
-    }
-    Ok(((h * 60 + m) * u32::from(buckets) / 1440) as u16)
 }

@@ -341,6 +341,21 @@ pub fn read_csv_column(path: &Path, column: &str) -> Result<(Vec<String>, Vec<f6
     Ok((ts, vs))
 }
 
+/// The time of day of a NAB timestamp (`YYYY-MM-DD HH:MM:SS[.ffffff]`) as a fraction of
+/// the day, for detectors that learn daily patterns.
+pub fn day_fraction(timestamp: &str) -> Result<f64, NabError> {
+    let field = |r: std::ops::Range<usize>| timestamp.get(r).and_then(|s| s.parse::<u32>().ok());
+    match (field(11..13), field(14..16), field(17..19)) {
+        (Some(h), Some(m), Some(s)) if h < 24 && m < 60 && s < 60 => {
+            Ok(f64::from(h * 3600 + m * 60 + s) / 86_400.0)
+        }
+        _ => Err(NabError::Format {
+            path: timestamp.into(),
+            problem: "a timestamp is not YYYY-MM-DD HH:MM:SS".into(),
+        }),
+    }
+}
+
 /// The per-file result of scoring at one threshold, as in `<detector>_<profile>_scores.csv`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileScore {
@@ -407,6 +422,13 @@ mod tests {
     use super::*;
 
     const STD: CostMatrix = CostMatrix { tp: 1.0, fp: 0.11, fn_: 1.0, tn: 1.0 };
+
+    #[test]
+    fn day_fraction_reads_the_clock_time() {
+        assert_eq!(day_fraction("2014-01-16 00:00:00").unwrap(), 0.0);
+        assert_eq!(day_fraction("2014-01-16 18:00:00.000000").unwrap(), 0.75);
+        assert!(day_fraction("2014-01-16").is_err() && day_fraction("2014-01-16 24:00:00").is_err());
+    }
 
     #[test]
     fn data_files_and_result_paths_follow_nab_layout() {

@@ -164,6 +164,85 @@ impl ContextSurprise {
     }
 }
 
+/// Parameters of [`NoveltySurprise`]; the defaults are the ones judged on NAB (docs/nab.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NoveltySurpriseConfig {
+    /// Equal bins over the value range.
+    pub bins: usize,
+    /// Context length, values.
+    pub order: usize,
+    /// Add-alpha smoothing.
+    pub alpha: f64,
+    /// Time-of-day buckets of the second surprise model.
+    pub day_buckets: u16,
+    /// Range-novelty tolerance, a fraction of the seen range.
+    pub tolerance: f64,
+    /// Rows between two novelty flags.
+    pub refractory: u64,
+}
+
+impl Default for NoveltySurpriseConfig {
+    fn default() -> Self {
+        Self { bins: 16, order: 3, alpha: 1.0, day_buckets: 8, tolerance: 0.01, refractory: 200 }
+    }
+}
+
+/// omen's NAB detector: 1 on range novelty, else the larger of two context surprises of
+/// the value, one plain and one with the time of day in its context.
+#[derive(Debug, Clone)]
+pub struct NoveltySurprise {
+    day_buckets: u16,
+    learning: u64,
+    pushed: u64,
+    novelty: RangeNovelty,
+    plain: ContextSurprise,
+    by_time_of_day: ContextSurprise,
+}
+
+impl NoveltySurprise {
+    /// A detector binning `[low, high)` (e.g. the learning rows' range, widened); it scores
+    /// 0 for the first `learning` rows while its models learn.
+    pub fn new(
+        low: f64,
+        high: f64,
+        learning: u64,
+        config: NoveltySurpriseConfig,
+    ) -> Result<Self, SignalError> {
+        if config.day_buckets == 0 {
+            return Err(invalid("day_buckets", 0, "must be at least 1"));
+        }
+        let c = config;
+        Ok(Self {
+            day_buckets: c.day_buckets,
+            learning,
+            pushed: 0,
+            novelty: RangeNovelty::new(c.tolerance, c.refractory)?,
+            plain: ContextSurprise::new(low, high, c.bins, c.order, c.alpha)?,
+            by_time_of_day: ContextSurprise::new(low, high, c.bins, c.order, c.alpha)?,
+        })
+    }
+
+    /// Adds a value seen at `day_fraction` of its day (0 at midnight, in [0, 1)) and
+    /// returns its score in [0, 1].
+    pub fn push(&mut self, x: f64, day_fraction: f64) -> Result<f64, SignalError> {
+        if !(0.0..1.0).contains(&day_fraction) {
+            return Err(invalid("day_fraction", day_fraction, "must be in [0, 1)"));
+        }
+        let bucket = ((day_fraction * f64::from(self.day_buckets)) as u16).min(self.day_buckets - 1);
+        let novel = self.novelty.push(x)?;
+        let plain = self.plain.push(x)?;
+        let timed = self.by_time_of_day.push_tagged(x, bucket)?;
+        self.pushed += 1;
+        Ok(if novel {
+            1.0
+        } else if self.pushed <= self.learning {
+            0.0
+        } else {
+            plain.max(timed)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +303,26 @@ mod tests {
         }
         assert!(t_last < 0.05, "{t_last}");
         assert!((0.4..0.6).contains(&p_last), "{p_last}");
+    }
+
+    #[test]
+    fn the_detector_flags_novelty_learns_a_daily_pattern_and_checks_its_inputs() {
+        let cfg =
+            NoveltySurpriseConfig { bins: 4, order: 1, day_buckets: 2, refractory: 0, ..Default::default() };
+        let mut d = NoveltySurprise::new(0.0, 4.0, 8, cfg).unwrap();
+        // Mornings at 0.5, evenings at 2.5, then the pattern holds.
+        let mut last = 1.0;
+        for i in 0..200 {
+            let (x, t) = if i % 2 == 0 { (0.5, 0.25) } else { (2.5, 0.75) };
+            last = d.push(x, t).unwrap();
+            if i < 8 {
+                assert!(last == 0.0 || last == 1.0, "learning rows score 0 unless novel: {last}");
+            }
+        }
+        assert!(last < 0.35, "{last}");
+        assert_eq!(d.push(9.0, 0.5).unwrap(), 1.0, "beyond the range seen");
+        assert!(d.push(1.0, 1.0).is_err());
+        assert!(NoveltySurprise::new(0.0, 4.0, 8, NoveltySurpriseConfig { day_buckets: 0, ..cfg }).is_err());
     }
 
     proptest! {

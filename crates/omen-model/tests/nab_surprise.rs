@@ -1,0 +1,47 @@
+//! omen's NAB detector (omen_signals::NoveltySurprise, default parameters) against the
+//! published numenta detector, both scored by the port with the same threshold sweep on
+//! the same files: the target is a higher normalised standard-profile score.
+
+use std::path::PathBuf;
+
+use omen_model::nab::{self, NabCorpus};
+use omen_signals::{NoveltySurprise, NoveltySurpriseConfig};
+
+type Files = Vec<(String, Vec<String>, Vec<f64>)>;
+
+#[test]
+fn novelty_surprise_scores_above_numenta_on_the_standard_profile() {
+    let dir = std::env::var_os("OMEN_NAB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let corpus = NabCorpus::load(&dir).expect("NAB data (data/nab, or OMEN_NAB_DIR)");
+    let (mut ours, mut numenta): (Files, Files) = (Vec::new(), Vec::new());
+    for rel in nab::data_files(&dir).unwrap() {
+        let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value").unwrap();
+        // The range of the probationary rows, widened by 20% of it on each side.
+        let probation = nab::probation_length(values.len());
+        let (lo, hi) = values[..probation]
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+        let margin = ((hi - lo) * 0.2).max(1e-9);
+        let mut d = NoveltySurprise::new(
+            lo - margin,
+            hi + margin,
+            probation as u64,
+            NoveltySurpriseConfig::default(),
+        )
+        .unwrap();
+        let scores: Vec<f64> =
+            values.iter().zip(&ts).map(|(&v, t)| d.push(v, nab::day_fraction(t).unwrap()).unwrap()).collect();
+        ours.push((rel.clone(), ts, scores));
+        let (nts, nsc) =
+            nab::read_csv_column(&nab::result_path(&dir, "numenta", &rel), "anomaly_score").unwrap();
+        numenta.push((rel, nts, nsc));
+    }
+    let cost = corpus.cost("standard").unwrap();
+    let (_, ours) = nab::optimised_normalised(&corpus, &ours, &cost).unwrap();
+    let (_, theirs) = nab::optimised_normalised(&corpus, &numenta, &cost).unwrap();
+    eprintln!("NAB standard, 24 files: omen novelty + surprise {ours:.2}, numenta {theirs:.2}");
+    assert!((theirs - 66.54).abs() < 0.005, "numenta re-scored {theirs}");
+    assert!(ours > theirs, "omen {ours:.2} is not above numenta {theirs:.2}");
+}
