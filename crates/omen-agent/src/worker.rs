@@ -145,14 +145,6 @@ pub enum WorkerError {
     /// The worker answered with an error.
     #[error("{0}")]
     Failed(String),
-    /// The worker answered with a reply that does not fit the request.
-    #[error("the model worker answered {reply:?} to {request}; the omen and omen-worker binaries must come from the same build")]
-    Unexpected {
-        /// The request's kind.
-        request: &'static str,
-        /// The reply.
-        reply: Box<Reply>,
-    },
 }
 
 /// Finds the worker binary: `configured` (worker.path), then `$OMEN_WORKER`, then next to
@@ -201,7 +193,8 @@ struct Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
-        // Closing stdin ends a healthy worker; kill covers one that hangs.
+        // The worker keeps nothing worth saving (models are reloaded from their files):
+        // kill it rather than wait for it to notice its closed stdin, and reap it.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
