@@ -626,10 +626,8 @@ impl Config {
                 bad("model.threads", "must be at least 1".into());
             }
         }
-        let needs_worker = self.model.is_some()
-            || self.sources.canary.as_ref().is_some_and(|c| c.bertscore_model_dir.is_some());
         if let Some(path) = &self.worker.path {
-            if needs_worker && !path.is_file() {
+            if self.needs_worker() && !path.is_file() {
                 bad(
                     "worker.path",
                     format!(
@@ -655,6 +653,12 @@ impl Config {
             }
         }
         p
+    }
+
+    /// Whether a model runs: the LSTM-AE (`model`) or BERTScore
+    /// (`sources.canary.bertscore_model_dir`), so the model worker must be started.
+    pub fn needs_worker(&self) -> bool {
+        self.model.is_some() || self.sources.canary.as_ref().is_some_and(|c| c.bertscore_model_dir.is_some())
     }
 
     /// The ingest bearer token, read from the environment variable the config names.

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::worker::{Reply, Request, Worker};
+use crate::worker::{Reply, Request, Worker, WorkerError};
 
 /// A model loaded in the worker, with the agent's view of its sources.
 pub struct LiveModel {
@@ -42,7 +42,8 @@ impl LiveModel {
             .load(Request::LoadLstm { path: path.to_owned(), threads })
             .with_context(|| format!("model.path: {}", path.display()))?;
         let Reply::LstmLoaded { sources, window } = reply else {
-            bail!("model.path: the model worker answered {reply:?} to a model load; omen and omen-worker must come from the same build")
+            return Err(WorkerError::unexpected("load_lstm", reply))
+                .with_context(|| format!("model.path: {}", path.display()));
         };
         Ok(Self { worker, sources, window, missing: Vec::new() })
     }
@@ -75,7 +76,7 @@ impl LiveModel {
         match self.worker.call(&Request::LstmTick { raw })? {
             Reply::LstmFilling => Ok(Tick::Filling),
             Reply::LstmScored { error, severity } => Ok(Tick::Scored { error, severity }),
-            other => bail!("the model worker answered {other:?} to a tick; omen and omen-worker must come from the same build"),
+            other => Err(WorkerError::unexpected("lstm_tick", other).into()),
         }
     }
 }

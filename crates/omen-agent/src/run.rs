@@ -190,7 +190,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
 /// The model worker, when the config names a model it must run; `None` otherwise, so a
 /// sidecar without a model never starts libtorch.
 fn start_worker(cfg: &Config) -> Result<Option<Arc<crate::worker::Worker>>> {
-    if cfg.model.is_none() && !semantic::configured(cfg) {
+    if !cfg.needs_worker() {
         return Ok(None);
     }
     let program = crate::worker::find_program(cfg.worker.path.as_deref()).context("worker.path")?;

@@ -19,11 +19,6 @@ pub struct SemanticModel(Arc<crate::worker::Worker>);
 #[cfg(not(feature = "bertscore"))]
 pub enum SemanticModel {}
 
-/// Whether the config asks for BERTScore.
-pub fn configured(cfg: &Config) -> bool {
-    cfg.sources.canary.as_ref().is_some_and(|c| c.bertscore_model_dir.is_some())
-}
-
 /// Loads the model the config names into `worker` (`None`, logged once, when none is configured).
 pub async fn load(
     cfg: &Config,
@@ -58,7 +53,8 @@ pub async fn load(
         .context("BERTScore loading task")?
         .with_context(|| format!("sources.canary.bertscore_model_dir: {shown}"))?;
         let crate::worker::Reply::BertscoreLoaded { layers } = reply else {
-            anyhow::bail!("sources.canary.bertscore_model_dir: the model worker answered {reply:?} to a model load; omen and omen-worker must come from the same build")
+            return Err(crate::worker::WorkerError::unexpected("load_bertscore", reply))
+                .with_context(|| format!("sources.canary.bertscore_model_dir: {shown}"));
         };
         info!(
             model_dir = %shown,
@@ -91,7 +87,7 @@ impl SemanticModel {
         .context("BERTScore of the canary answer")?;
         match reply {
             crate::worker::Reply::BertscoreF1 { f1 } => Ok(f1),
-            other => anyhow::bail!("the model worker answered {other:?} to a BERTScore request; omen and omen-worker must come from the same build"),
+            other => Err(crate::worker::WorkerError::unexpected("bertscore_f1", other).into()),
         }
     }
 

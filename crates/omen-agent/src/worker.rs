@@ -145,6 +145,21 @@ pub enum WorkerError {
     /// The worker answered with an error.
     #[error("{0}")]
     Failed(String),
+    /// The worker answered with a reply that does not fit the request.
+    #[error("the model worker answered {reply:?} to {request}; the omen and omen-worker binaries must come from the same build")]
+    Unexpected {
+        /// The request's kind.
+        request: &'static str,
+        /// The reply.
+        reply: Box<Reply>,
+    },
+}
+
+impl WorkerError {
+    /// A reply of the wrong kind to `request`.
+    pub fn unexpected(request: &'static str, reply: Reply) -> Self {
+        Self::Unexpected { request, reply: Box::new(reply) }
+    }
 }
 
 /// Finds the worker binary: `configured` (worker.path), then `$OMEN_WORKER`, then next to
