@@ -2,16 +2,11 @@
 //! tokenisation, two encoder passes over all-MiniLM-L6-v2 and the greedy matching.
 //! Needs the model from `make setup`.
 
-use std::path::Path;
-
 use criterion::{criterion_group, criterion_main, Criterion};
-use omen_model::bertscore::{BertScorer, DEFAULT_MODEL_DIR};
+use omen_model::bertscore::{model_dir, BertScorer};
 
 fn bench_pair(c: &mut Criterion) {
-    let dir = std::env::var_os("OMEN_BERTSCORE_MODEL_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEFAULT_MODEL_DIR));
-    let scorer = BertScorer::load(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let scorer = BertScorer::load(&model_dir()).unwrap_or_else(|e| panic!("{e}"));
     // As the agent runs it: one libtorch thread unless OMP_NUM_THREADS says otherwise.
     let scorer = match std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse().ok()) {
         Some(n) => scorer.with_threads(n),

@@ -14,6 +14,7 @@
 //!   (omen_signals::ContextSurprise::push_tagged);
 //! - combined: 1 on novelty, else the larger of the two surprises
 //!   (omen_signals::NoveltySurprise, omen's NAB detector);
+//!   The novelty and surprise columns are the parts of that one detector (`push_parts`).
 //! - the numenta post-processing of numenta's own published raw score: a check that the
 //!   port gives numenta's published score (it reproduces the published anomaly_score
 //!   column, tests/nab_published.rs).
@@ -23,12 +24,8 @@
 //! `--bins 16` `--order 3` `--alpha 1` `--pad 0.2` `--day-buckets 8`. OMEN_NAB_DIR overrides
 //! the data directory.
 
-use std::path::PathBuf;
-
 use omen_model::nab::{self, NabCorpus, PROFILES};
-use omen_signals::{
-    ContextSurprise, HtmLikelihood, NoveltySurprise, NoveltySurpriseConfig, RangeNovelty, WindowAnomaly,
-};
+use omen_signals::{HtmLikelihood, NoveltySurprise, NoveltySurpriseConfig, WindowAnomaly};
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;
 
@@ -51,9 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown option {other}").into()),
         }
     }
-    let dir = std::env::var_os("OMEN_NAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let dir = nab::data_dir();
     let corpus = NabCorpus::load(&dir)?;
     let names = [
         "window score",
@@ -74,35 +69,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (_, htm_raw) = nab::read_csv_column(&published, "raw_score")?;
         let probation = nab::probation_length(values.len());
         let mut det = WindowAnomaly::new(window)?;
-        let mut nv = RangeNovelty::new(tolerance, refractory)?;
-        let seen = &values[..probation.max(1)];
-        let (lo, hi) =
-            seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-        let margin = ((hi - lo) * pad).max(1e-9);
-        let mut cs = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
-        let mut cs_day = ContextSurprise::new(lo - margin, hi + margin, bins, order, alpha)?;
+        let (low, high) = nab::learning_range(&values, pad);
         let config = NoveltySurpriseConfig { bins, order, alpha, day_buckets, tolerance, refractory };
-        let mut detector = NoveltySurprise::new(lo - margin, hi + margin, probation as u64, config)?;
+        let mut detector = NoveltySurprise::new(low, high, probation as u64, config)?;
         let mut htm_window = HtmLikelihood::new(probation.max(2))?;
         let mut htm_surprise = HtmLikelihood::new(probation.max(2))?;
         let mut htm_own = HtmLikelihood::new(probation.max(2))?;
         let mut out: Vec<Vec<f64>> = vec![Vec::with_capacity(values.len()); names.len()];
-        for (i, ((&v, &raw), t)) in values.iter().zip(&htm_raw).zip(&ts).enumerate() {
+        for ((&v, &raw), t) in values.iter().zip(&htm_raw).zip(&ts) {
             let s = det.push(v)?.map_or(0.0, |s| s.score / (1.0 + s.score));
-            let novel = if nv.push(v)? { 1.0 } else { 0.0 };
-            let surprise = cs.push(v)?;
-            let day = nab::day_fraction(t)?;
-            let day_surprise = cs_day.push_tagged(v, (day * f64::from(day_buckets)) as u16)?;
-            let scored = |x: f64| if i < probation { 0.0 } else { x };
+            let p = detector.push_parts(v, nab::day_fraction(t)?)?;
+            let novel = if p.novel { 1.0 } else { 0.0 };
+            let reported = |x: f64| if p.learning { 0.0 } else { x };
             let row = [
                 s,
                 htm_window.push(v, s)?,
                 novel,
-                scored(surprise),
-                htm_surprise.push(v, surprise)?,
-                scored(surprise).max(novel),
-                scored(day_surprise),
-                detector.push(v, day)?,
+                reported(p.plain),
+                htm_surprise.push(v, p.plain)?,
+                reported(p.plain).max(novel),
+                reported(p.by_time_of_day),
+                p.score(),
                 htm_own.push(v, raw)?,
             ];
             for (col, x) in out.iter_mut().zip(row) {

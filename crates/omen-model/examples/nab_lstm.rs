@@ -11,7 +11,6 @@
 //! every score of the previous K rows; 0 = off).
 //! OMEN_NAB_DIR overrides the data directory (default data/nab in the repository).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use omen_model::eval::{window_f1, window_rows, WindowF1};
@@ -111,9 +110,7 @@ fn window_severity(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let o = parse()?;
     tch::set_num_threads(o.threads);
-    let dir = std::env::var_os("OMEN_NAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let dir = nab::data_dir();
     let corpus = NabCorpus::load(&dir)?;
     let names = [
         "window score",

@@ -4,16 +4,12 @@
 //! Usage: `cargo run -p omen-model --example nab_window [-- WINDOW]` (OMEN_NAB_DIR overrides
 //! the data directory, default data/nab in the repository).
 
-use std::path::PathBuf;
-
 use omen_model::nab::{self, NabCorpus, PROFILES};
 use omen_signals::window::WindowAnomaly;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let window: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(64);
-    let dir = std::env::var_os("OMEN_NAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let dir = nab::data_dir();
     let corpus = NabCorpus::load(&dir)?;
     let (mut omen, mut numenta) = (Vec::new(), Vec::new());
     for rel in nab::data_files(&dir)? {

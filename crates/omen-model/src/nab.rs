@@ -57,6 +57,16 @@ pub fn probation_length(n: usize) -> usize {
     a.min(b) as usize
 }
 
+/// The range of the probationary rows of `values` (the rows a detector may learn from),
+/// widened by `pad` x that range on each side (at least 1e-9, so a flat start still has a
+/// range): the bins a detector that needs a fixed value range uses.
+pub fn learning_range(values: &[f64], pad: f64) -> (f64, f64) {
+    let seen = &values[..probation_length(values.len()).max(1).min(values.len())];
+    let (lo, hi) = seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+    let margin = ((hi - lo) * pad).max(1e-9);
+    (lo - margin, hi + margin)
+}
+
 /// NAB's scaled sigmoid of a relative position in (or past) a window.
 pub fn scaled_sigmoid(rel: f64) -> f64 {
     if rel > 3.0 {
@@ -339,6 +349,13 @@ pub fn read_csv_column(path: &Path, column: &str) -> Result<(Vec<String>, Vec<f6
         vs.push(v);
     }
     Ok((ts, vs))
+}
+
+/// The NAB checkout to use: `$OMEN_NAB_DIR`, else the repository's copy in data/nab.
+pub fn data_dir() -> std::path::PathBuf {
+    std::env::var_os("OMEN_NAB_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"))
 }
 
 /// The time of day of a NAB timestamp (`YYYY-MM-DD HH:MM:SS[.ffffff]`) as a fraction of

@@ -2,9 +2,9 @@
 //! the token ids exactly, on the pairs of scripts/gen_bertscore_fixtures.py (committed
 //! output in tests/fixtures/bertscore_minilm.json). Needs the model from `make setup`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use omen_model::bertscore::{BertScoreError, BertScorer, DEFAULT_MODEL_DIR};
+use omen_model::bertscore::{BertScoreError, BertScorer};
 use omen_signals::rci::SemanticSimilarity;
 use serde::Deserialize;
 
@@ -27,15 +27,9 @@ struct Pair {
     f1: f64,
 }
 
-fn model_dir() -> PathBuf {
-    std::env::var_os("OMEN_BERTSCORE_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEFAULT_MODEL_DIR))
-}
-
 fn scorer() -> BertScorer {
     // A missing model is a failure with the fix, never a skip.
-    BertScorer::load(&model_dir()).unwrap_or_else(|e| panic!("{e}"))
+    BertScorer::load(&omen_model::bertscore::model_dir()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn fixtures() -> Fixtures {

@@ -4,17 +4,13 @@
 //! The full 24-file evaluation is the `nab_lstm` example (docs/nab.md).
 #![cfg(feature = "torch")]
 
-use std::path::PathBuf;
-
 use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
 use omen_model::nab::{self, NabCorpus};
 
 #[test]
 fn nyc_taxi_lstm_ae_beats_the_null_detector() {
-    let dir = std::env::var_os("OMEN_NAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let dir = nab::data_dir();
     assert!(
         dir.join("labels/combined_windows.json").is_file(),
         "NAB data not found at {}; set OMEN_NAB_DIR",

@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use omen_model::nab::{self, NabCorpus, PROFILES};
 
 fn nab_dir() -> PathBuf {
-    let dir = std::env::var_os("OMEN_NAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let dir = nab::data_dir();
     assert!(
         dir.join("labels/combined_windows.json").is_file(),
         "NAB data not found at {}: put a NAB checkout (data/, labels/, config/, results/) there \

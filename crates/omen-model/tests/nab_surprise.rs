@@ -2,8 +2,6 @@
 //! published numenta detector, both scored by the port with the same threshold sweep on
 //! the same files: the target is a higher normalised standard-profile score.
 
-use std::path::PathBuf;
-
 use omen_model::nab::{self, NabCorpus};
 use omen_signals::{NoveltySurprise, NoveltySurpriseConfig};
 
@@ -11,26 +9,15 @@ type Files = Vec<(String, Vec<String>, Vec<f64>)>;
 
 #[test]
 fn novelty_surprise_scores_above_numenta_on_the_standard_profile() {
-    let dir = std::env::var_os("OMEN_NAB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/nab"));
+    let dir = nab::data_dir();
     let corpus = NabCorpus::load(&dir).expect("NAB data (data/nab, or OMEN_NAB_DIR)");
     let (mut ours, mut numenta): (Files, Files) = (Vec::new(), Vec::new());
     for rel in nab::data_files(&dir).unwrap() {
         let (ts, values) = nab::read_csv_column(&dir.join("data").join(&rel), "value").unwrap();
         // The range of the probationary rows, widened by 20% of it on each side.
-        let probation = nab::probation_length(values.len());
-        let (lo, hi) = values[..probation]
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-        let margin = ((hi - lo) * 0.2).max(1e-9);
-        let mut d = NoveltySurprise::new(
-            lo - margin,
-            hi + margin,
-            probation as u64,
-            NoveltySurpriseConfig::default(),
-        )
-        .unwrap();
+        let (low, high) = nab::learning_range(&values, 0.2);
+        let probation = nab::probation_length(values.len()) as u64;
+        let mut d = NoveltySurprise::new(low, high, probation, NoveltySurpriseConfig::default()).unwrap();
         let scores: Vec<f64> =
             values.iter().zip(&ts).map(|(&v, t)| d.push(v, nab::day_fraction(t).unwrap()).unwrap()).collect();
         ours.push((rel.clone(), ts, scores));

@@ -24,7 +24,7 @@ pub use kvf::{
     blocks_needed, first_fit_contiguous, fragmentation_from_bitmap, fragmentation_from_extents,
     fragmentation_from_occupancy, plan_paged_blocks, BlockPlan, Fragmentation, KVF_ALERT_THRESHOLD,
 };
-pub use novelty::{ContextSurprise, NoveltySurprise, NoveltySurpriseConfig, RangeNovelty};
+pub use novelty::{ContextSurprise, NoveltySurprise, NoveltySurpriseConfig, RangeNovelty, SurpriseParts};
 pub use rci::{
     consistency_decay_index, repetition_ratio, Rci, RciParts, RciWeights, SemanticSimilarity, StreamingRci,
 };

@@ -225,21 +225,46 @@ impl NoveltySurprise {
     /// Adds a value seen at `day_fraction` of its day (0 at midnight, in [0, 1)) and
     /// returns its score in [0, 1].
     pub fn push(&mut self, x: f64, day_fraction: f64) -> Result<f64, SignalError> {
+        Ok(self.push_parts(x, day_fraction)?.score())
+    }
+
+    /// [`Self::push`], returning the parts the score is made of.
+    pub fn push_parts(&mut self, x: f64, day_fraction: f64) -> Result<SurpriseParts, SignalError> {
         if !(0.0..1.0).contains(&day_fraction) {
             return Err(invalid("day_fraction", day_fraction, "must be in [0, 1)"));
         }
         let bucket = ((day_fraction * f64::from(self.day_buckets)) as u16).min(self.day_buckets - 1);
         let novel = self.novelty.push(x)?;
         let plain = self.plain.push(x)?;
-        let timed = self.by_time_of_day.push_tagged(x, bucket)?;
+        let by_time_of_day = self.by_time_of_day.push_tagged(x, bucket)?;
         self.pushed += 1;
-        Ok(if novel {
+        Ok(SurpriseParts { novel, plain, by_time_of_day, learning: self.pushed <= self.learning })
+    }
+}
+
+/// What one [`NoveltySurprise`] score is made of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SurpriseParts {
+    /// Range novelty flagged the value.
+    pub novel: bool,
+    /// The plain context surprise.
+    pub plain: f64,
+    /// The surprise with the time of day in its context.
+    pub by_time_of_day: f64,
+    /// The value is one of the learning rows, whose surprises are not reported.
+    pub learning: bool,
+}
+
+impl SurpriseParts {
+    /// The detector's score: 1 on novelty, 0 while learning, else the larger surprise.
+    pub fn score(&self) -> f64 {
+        if self.novel {
             1.0
-        } else if self.pushed <= self.learning {
+        } else if self.learning {
             0.0
         } else {
-            plain.max(timed)
-        })
+            self.plain.max(self.by_time_of_day)
+        }
     }
 }
 

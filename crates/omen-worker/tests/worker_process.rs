@@ -2,7 +2,7 @@
 //! trained by `omen-worker train` is loaded, scored tick by tick, survives a kill -9 of
 //! its worker (restarted, model loaded again), and BERTScore runs in the same process.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -58,9 +58,7 @@ fn a_bad_request_gets_an_error_and_the_worker_stays_up() {
 
 /// The BERTScore model folder `make setup` installs (or OMEN_BERTSCORE_MODEL_DIR).
 fn bertscore_model_dir() -> PathBuf {
-    let dir = std::env::var_os("OMEN_BERTSCORE_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.models/all-MiniLM-L6-v2"));
+    let dir = omen_model::bertscore::model_dir();
     assert!(
         dir.join("model.safetensors").is_file(),
         "no BERTScore model in {}; run `make setup` (scripts/setup-bertscore-model.sh)",

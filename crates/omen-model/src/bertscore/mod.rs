@@ -24,6 +24,14 @@ pub const MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safe
 /// Where `make setup` installs the model, relative to the repository root.
 pub const DEFAULT_MODEL_DIR: &str = ".models/all-MiniLM-L6-v2";
 
+/// The model folder to use: `$OMEN_BERTSCORE_MODEL_DIR`, else where `make setup` installs it
+/// in this repository.
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("OMEN_BERTSCORE_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEFAULT_MODEL_DIR))
+}
+
 /// Longest input kept, tokens with [CLS] and [SEP]: bert_score truncates at the
 /// tokenizer's model_max_length, 512 for this model (tokenizer.json's own 128 is replaced).
 pub const MAX_TOKENS: usize = 512;
