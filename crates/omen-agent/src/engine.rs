@@ -202,9 +202,10 @@ impl Engine {
     }
 
     /// One LSTM-AE step: the latest value of each source series (stale ones count as missing).
+    /// It cannot fail the tick: a failing model only withdraws its score.
     #[cfg(feature = "lstm")]
-    fn score_model(&mut self, now_ms: i64, out: &mut Vec<Sample>) -> Result<()> {
-        let Some(model) = self.model.as_mut() else { return Ok(()) };
+    fn score_model(&mut self, now_ms: i64, out: &mut Vec<Sample>) {
+        let Some(model) = self.model.as_mut() else { return };
         // Keys as SeriesKey displays them (`signal{k="v"}`), the form the model names its sources in;
         // only the model's own signals are read, not every live series.
         let signals: std::collections::BTreeSet<&str> =
@@ -236,7 +237,7 @@ impl Engine {
                     self.model_failing = true;
                 }
                 self.live.remove_gauge("lstm_ae_score", &Vec::new());
-                return Ok(());
+                return;
             }
         };
         match tick {
@@ -253,7 +254,6 @@ impl Engine {
             crate::lstm_live::Tick::Missing => self.live.remove_gauge("lstm_ae_score", &Vec::new()),
             crate::lstm_live::Tick::Filling => {}
         }
-        Ok(())
     }
 
     /// Shared handle to the latest health summary.
@@ -483,7 +483,7 @@ impl Engine {
         }
         let mut out = Vec::new();
         #[cfg(feature = "lstm")]
-        self.score_model(now_ms, &mut out)?;
+        self.score_model(now_ms, &mut out);
         if let Some(lstm) = self.live.gauge("lstm_ae_score", &Vec::new()) {
             health = health.max(lstm);
         }

@@ -199,6 +199,15 @@ pub fn run_command(args: &[OsString]) -> Result<std::process::ExitStatus, Worker
     Command::new(&program).args(args).status().map_err(|source| WorkerError::Spawn { program, source })
 }
 
+/// A reply as the caller sees it: the worker's `error` reply is an error. (The worker
+/// itself is fine after one; only a failed exchange makes it untrustworthy.)
+fn answered(reply: Reply) -> Result<Reply, WorkerError> {
+    match reply {
+        Reply::Error { message } => Err(WorkerError::Failed(message)),
+        r => Ok(r),
+    }
+}
+
 /// A running worker process.
 struct Process {
     child: Child,
@@ -252,11 +261,6 @@ impl Worker {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).process.as_ref().map(|p| p.child.id())
     }
 
-    /// The worker binary.
-    pub fn program(&self) -> &Path {
-        &self.program
-    }
-
     /// Loads a model (a `Load*` request); the load is repeated in any later worker.
     pub fn load(&self, request: Request) -> Result<Reply, WorkerError> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -286,10 +290,7 @@ impl Worker {
             // Whatever state it is in, it cannot be trusted with the next request.
             st.process = None;
         }
-        match reply? {
-            Reply::Error { message } => Err(WorkerError::Failed(message)),
-            r => Ok(r),
-        }
+        answered(reply?)
     }
 
     /// Starts a worker and loads every model loaded before.
@@ -326,10 +327,7 @@ impl Worker {
         let mut process = Process { child, stdin, replies };
         let replayed = !st.loads.is_empty();
         for load in &st.loads {
-            match self.exchange(&mut process, load, self.timeout * LOAD_TIMEOUT_FACTOR)? {
-                Reply::Error { message } => return Err(WorkerError::Failed(message)),
-                _ => continue,
-            }
+            answered(self.exchange(&mut process, load, self.timeout * LOAD_TIMEOUT_FACTOR)?)?;
         }
         if replayed {
             warn!(program = %self.program.display(), "model worker restarted; its models are loaded again");
