@@ -361,6 +361,9 @@ pub enum TrendScale {
     Linear,
     /// Straight line in ln(indicator): constant relative growth per day; needs values > 0.
     Log,
+    /// Straight line in 1/indicator: latency from queueing, S / (1 - utilisation), under
+    /// load that grows by a steady amount per day; needs values > 0.
+    Reciprocal,
 }
 
 /// Daily SLO indicators.
@@ -587,10 +590,13 @@ impl Config {
         }
         let mut names = std::collections::HashSet::new();
         for (i, slo) in f.slos.iter().enumerate() {
-            if slo.trend_scale() == TrendScale::Log && (slo.threshold.is_nan() || slo.threshold <= 0.0) {
+            if slo.trend_scale() != TrendScale::Linear && (slo.threshold.is_nan() || slo.threshold <= 0.0) {
                 bad(
                     &format!("forecast.slos[{i}].threshold"),
-                    format!("{} must be > 0 on a log-scale trend (or set scale: linear)", slo.threshold),
+                    format!(
+                        "{} must be > 0 on a log or reciprocal trend (or set scale: linear)",
+                        slo.threshold
+                    ),
                 );
             }
             if omen_sources::ingest::check_name(&format!("forecast.slos[{i}].name"), &slo.name).is_err() {
@@ -729,7 +735,17 @@ mod tests {
         let e = Config::from_yaml("forecast:\n  slos:\n  - {name: t, indicator: ttft_p99, threshold: 0}\n")
             .unwrap_err();
         assert_eq!(e[0].path, "forecast.slos[0].threshold");
-        assert!(e[0].message.contains("log-scale"), "{}", e[0].message);
+        assert!(e[0].message.contains("log or reciprocal"), "{}", e[0].message);
+        let e = Config::from_yaml(
+            "forecast:\n  slos:\n  - {name: t, indicator: kv_usage, threshold: -1, scale: reciprocal}\n",
+        )
+        .unwrap_err();
+        assert_eq!(e[0].path, "forecast.slos[0].threshold");
+        let c = Config::from_yaml(
+            "forecast:\n  slos:\n  - {name: t, indicator: kv_usage, threshold: 0.9, scale: reciprocal}\n",
+        )
+        .unwrap();
+        assert_eq!(c.forecast.slos[0].trend_scale(), TrendScale::Reciprocal);
         let c = Config::from_yaml(
             "forecast:\n  slos:\n  - {name: t, indicator: ttft_p99, threshold: 0, scale: linear}\n",
         )

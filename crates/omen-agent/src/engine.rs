@@ -102,6 +102,9 @@ pub struct AlertEvent {
     pub level: Level,
     /// The top contributing signal or the SLO.
     pub reason: String,
+    /// For an early warning: the forecast days to breach when it changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub days_to_breach: Option<f64>,
 }
 
 /// A suspected change: where the series stood before it, and whether it held.
@@ -530,6 +533,7 @@ impl Engine {
                         Some(d) => format!("{} forecast to cross {} in {d:.1} days", f.slo, f.threshold),
                         None => format!("{} no longer forecast to breach", f.slo),
                     },
+                    days_to_breach: f.days_to_breach,
                 });
             }
         }
@@ -548,6 +552,7 @@ impl Engine {
                     },
                     |c| format!("{} {:?} anomaly score {:.2}", c.signal, c.labels, c.anomaly_score),
                 ),
+                days_to_breach: None,
             });
             self.health_level = level;
         }
@@ -597,14 +602,23 @@ impl Engine {
                 days_to_breach_upper: None,
                 early_warning: false,
             };
-            // On a log scale, non-positive days (a latency of 0 is a broken probe) are left out.
-            let (points, threshold): (Vec<(f64, f64)>, f64) = match slo.trend_scale() {
-                TrendScale::Linear => (daily, slo.threshold),
-                TrendScale::Log => (
-                    daily.into_iter().filter(|d| d.1 > 0.0).map(|(x, y)| (x, y.ln())).collect(),
-                    slo.threshold.ln(),
-                ),
-            };
+            // On a log or reciprocal scale, non-positive days (a latency of 0 is a broken probe)
+            // are left out; 1/x falls as x rises, so on the reciprocal scale the breach
+            // direction flips.
+            let (points, threshold, direction): (Vec<(f64, f64)>, f64, BreachDirection) =
+                match slo.trend_scale() {
+                    TrendScale::Linear => (daily, slo.threshold, direction),
+                    TrendScale::Log => (
+                        daily.into_iter().filter(|d| d.1 > 0.0).map(|(x, y)| (x, y.ln())).collect(),
+                        slo.threshold.ln(),
+                        direction,
+                    ),
+                    TrendScale::Reciprocal => (
+                        daily.into_iter().filter(|d| d.1 > 0.0).map(|(x, y)| (x, 1.0 / y)).collect(),
+                        1.0 / slo.threshold,
+                        direction.flipped(),
+                    ),
+                };
             if points.len() >= f.min_days {
                 let x: Vec<f64> = points.iter().map(|d| d.0).collect();
                 let y: Vec<f64> = points.iter().map(|d| d.1).collect();
@@ -877,6 +891,46 @@ mod tests {
         // Day by day, the weekends widen the slope interval: the far end drifts away.
         let far = kv.days_to_breach_upper.unwrap_or(f64::INFINITY);
         assert!(far > d + 1.0, "{kv:?}");
+    }
+
+    /// TTFT of a queue whose utilisation rises 1.5 points a day from 0.5: 0.2 s / (1 - rho),
+    /// one value per day, hourly samples; `scale` is the TTFT SLO's trend scale.
+    fn queueing_ttft_forecast(scale: &str) -> SloForecast {
+        let dir = tempfile::tempdir().unwrap();
+        let slo = format!("{{name: ttft_p99, indicator: ttft_p99, threshold: 2.0, scale: {scale}}}");
+        let mut e = engine(dir.path(), &format!("forecast: {{min_days: 7, slos: [{slo}]}}\n"));
+        let t0 = 1_793_577_600_000;
+        for h in 0..(18 * 24) {
+            let rho = 0.5 + 0.015 * (h / 24) as f64;
+            let labels = [("canary".to_owned(), "capital".to_owned())].into();
+            let s = Sample {
+                ts_ms: t0 + h * 3_600_000,
+                signal: "canary_ttft_seconds".into(),
+                labels,
+                value: 0.2 / (1.0 - rho),
+            };
+            e.process(vec![s]).unwrap();
+        }
+        e.tick(t0 + 18 * DAY_MS).unwrap().forecasts.remove(0)
+    }
+
+    #[test]
+    fn a_queueing_knee_is_a_straight_line_on_the_reciprocal_scale() {
+        // 1/TTFT = 5 (1 - rho) falls linearly; it reaches 1/2 s when rho = 0.9, on the day
+        // whose value is 0.5 + 0.015 d = 0.9: d = 26.67, its midpoint line crossing at
+        // x = 27.17, so 9.17 days after day 18 starts.
+        let f = queueing_ttft_forecast("reciprocal");
+        assert_eq!(f.scale, TrendScale::Reciprocal);
+        let d = f.days_to_breach.unwrap();
+        assert!((d - (0.4 / 0.015 + 0.5 - 18.0)).abs() < 1e-6, "{f:?}");
+        assert!((f.days_to_breach_upper.unwrap() - d).abs() < 1e-6, "an exact line has no spread: {f:?}");
+        assert!(f.early_warning, "{f:?}");
+        assert!(f.slope_per_day.unwrap() < 0.0, "1/TTFT falls: {f:?}");
+        // A straight line in ln(TTFT) bends below the hyperbola, so it sees the knee later.
+        let log = queueing_ttft_forecast("log");
+        assert!(log.days_to_breach.unwrap() > d + 3.0, "{log:?}");
+        let linear = queueing_ttft_forecast("linear");
+        assert!(linear.days_to_breach.unwrap() > log.days_to_breach.unwrap(), "{linear:?}");
     }
 
     #[test]

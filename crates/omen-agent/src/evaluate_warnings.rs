@@ -2,7 +2,8 @@
 //! through the real pipeline (the `omen replay` code: Engine, store, forecasts, in
 //! event time) and scores the warnings against the scenario's labels: lead time of
 //! the first early warning for the scenario's SLO before its breach, false alarms
-//! per week on healthy traces, and detection delay of abrupt faults.
+//! per week on healthy traces, and detection delay of abrupt faults. With `--seeds N`
+//! each scenario runs under N seeds, so a lead time is a distribution and not one draw.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub const TARGET_DETECTION_MINUTES: f64 = 5.0;
 pub struct ScenarioResult {
     /// Scenario name.
     pub scenario: String,
+    /// The seed of this run.
+    pub seed: u64,
     /// Its labels (fault, onset, SLO, breach).
     pub labels: Labels,
     /// Trace length, days.
@@ -36,6 +39,8 @@ pub struct ScenarioResult {
     pub first_warning_ts_ms: Option<i64>,
     /// Breach minus first early warning, days (None: no warning before the breach, or no breach).
     pub lead_days: Option<f64>,
+    /// What that first warning forecast: days to breach (compare with `lead_days`).
+    pub warned_days_to_breach: Option<f64>,
     /// First health >= warning at or after the onset minus the onset, minutes (abrupt faults).
     pub detection_minutes: Option<f64>,
     /// Alarm episodes (health rising to >= warning, or an early warning turning on) before the
@@ -47,12 +52,39 @@ pub struct ScenarioResult {
     pub events: Vec<AlertEvent>,
 }
 
+/// One scenario over all its seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioAggregate {
+    /// Scenario name.
+    pub scenario: String,
+    /// Its fault.
+    pub fault: FaultKind,
+    /// Runs (seeds).
+    pub runs: usize,
+    /// Median, lowest and highest lead over the runs, days (slow drifts; a miss counts as 0).
+    pub median_lead_days: Option<f64>,
+    /// Lowest lead, days.
+    pub min_lead_days: Option<f64>,
+    /// Highest lead, days.
+    pub max_lead_days: Option<f64>,
+    /// Runs without a warning before the breach.
+    pub missed: usize,
+    /// Worst detection delay, minutes (abrupt faults; None when a run was never flagged).
+    pub max_detection_minutes: Option<f64>,
+    /// False alarms over all runs.
+    pub false_alarms: usize,
+}
+
 /// Aggregates over all scenarios, with pass/fail against the targets.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    /// Median lead time over slow-drift scenarios, days (a missed warning counts as 0).
+    /// Median lead time over the slow-drift runs (every scenario and seed), days (a missed
+    /// warning counts as 0).
     pub median_lead_days: Option<f64>,
-    /// Slow-drift scenarios that got no warning before the breach.
+    /// Slow-drift runs that median is over.
+    pub slow_drift_runs: usize,
+    /// Slow-drift runs (`scenario@seed` when there are several seeds) that got no warning
+    /// before the breach.
     pub missed: Vec<String>,
     /// False alarms per week over all healthy traces together.
     pub healthy_false_alarms_per_week: Option<f64>,
@@ -69,8 +101,10 @@ pub struct Summary {
 /// The evaluation report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    /// Per-scenario results.
+    /// Per-run results, in scenario then seed order.
     pub scenarios: Vec<ScenarioResult>,
+    /// Per scenario over its seeds.
+    pub by_scenario: Vec<ScenarioAggregate>,
     /// Aggregates and targets.
     pub summary: Summary,
 }
@@ -87,6 +121,21 @@ pub fn scenario_files(dir: &Path) -> Result<Vec<PathBuf>> {
         anyhow::bail!("{} holds no *.yaml scenarios; see deploy/scenarios/ for examples", dir.display());
     }
     Ok(files)
+}
+
+/// How many runs of each scenario, and how many replays at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvaluateOptions {
+    /// Seeds per scenario: the scenario's own seed, then seed + 1, ... (at least 1).
+    pub seeds: usize,
+    /// Replays run in parallel (at least 1); each is independent (own trace and store).
+    pub jobs: usize,
+}
+
+impl Default for EvaluateOptions {
+    fn default() -> Self {
+        Self { seeds: 1, jobs: 1 }
+    }
 }
 
 /// Simulates and replays one scenario under `work` (trace, labels and store kept there).
@@ -110,10 +159,11 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
     let days = (labels.last_ts_ms - labels.first_ts_ms) as f64 / DAY_MS;
     let onset = labels.onset_ts_ms.unwrap_or(i64::MAX);
     let forecast_alert = labels.slo.as_ref().map(|s| format!("forecast:{s}"));
-    let first_warning_ts_ms = events
+    let first_warning = events
         .iter()
-        .find(|e| e.ts_ms >= onset && Some(&e.alert) == forecast_alert.as_ref() && e.level != Level::Ok)
-        .map(|e| e.ts_ms);
+        .find(|e| e.ts_ms >= onset && Some(&e.alert) == forecast_alert.as_ref() && e.level != Level::Ok);
+    let first_warning_ts_ms = first_warning.map(|e| e.ts_ms);
+    let warned_days_to_breach = first_warning.and_then(|e| e.days_to_breach);
     let lead_days = match (first_warning_ts_ms, labels.breach_ts_ms) {
         (Some(w), Some(b)) if w < b => Some((b - w) as f64 / DAY_MS),
         _ => None,
@@ -127,10 +177,12 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
         if labels.onset_ts_ms.is_some() { (onset - labels.first_ts_ms) as f64 / DAY_MS } else { days };
     ScenarioResult {
         scenario: scenario.name.clone(),
+        seed: scenario.seed,
         labels,
         days,
         first_warning_ts_ms,
         lead_days,
+        warned_days_to_breach,
         detection_minutes,
         false_alarms,
         false_alarms_per_week: if clean_days > 0.0 { false_alarms as f64 / (clean_days / 7.0) } else { 0.0 },
@@ -154,10 +206,14 @@ fn alarm_episodes<'a>(events: impl Iterator<Item = &'a AlertEvent>) -> usize {
 
 /// Aggregates results against the targets.
 pub fn summarize(results: &[ScenarioResult]) -> Summary {
-    let slow: Vec<&ScenarioResult> =
-        results.iter().filter(|r| r.labels.fault != FaultKind::Healthy && !r.labels.abrupt).collect();
-    let missed: Vec<String> =
-        slow.iter().filter(|r| r.lead_days.is_none()).map(|r| r.scenario.clone()).collect();
+    let slow: Vec<&ScenarioResult> = results.iter().filter(|r| is_slow_drift(r)).collect();
+    let several_seeds =
+        results.iter().any(|r| results.iter().any(|o| o.scenario == r.scenario && o.seed != r.seed));
+    let missed: Vec<String> = slow
+        .iter()
+        .filter(|r| r.lead_days.is_none())
+        .map(|r| if several_seeds { format!("{}@{}", r.scenario, r.seed) } else { r.scenario.clone() })
+        .collect();
     let leads: Vec<f64> = slow.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect();
     let median_lead_days = (!leads.is_empty()).then(|| omen_signals::median(&leads));
     let healthy: Vec<&ScenarioResult> =
@@ -175,6 +231,7 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
     };
     Summary {
         median_lead_days,
+        slow_drift_runs: slow.len(),
         lead_target_met: median_lead_days.is_none_or(|d| d >= TARGET_LEAD_DAYS),
         false_alarm_target_met: healthy_false_alarms_per_week
             .is_none_or(|f| f <= TARGET_FALSE_ALARMS_PER_WEEK),
@@ -186,51 +243,154 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
     }
 }
 
-/// Evaluates every scenario in `dir`, working under `work` (one folder per scenario).
-pub fn evaluate(cfg: &Config, dir: &Path, work: &Path) -> Result<Report> {
-    let mut scenarios = Vec::new();
+fn is_slow_drift(r: &ScenarioResult) -> bool {
+    r.labels.fault != FaultKind::Healthy && !r.labels.abrupt
+}
+
+/// Per-scenario aggregates of `results`, in first-seen order.
+pub fn by_scenario(results: &[ScenarioResult]) -> Vec<ScenarioAggregate> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in results {
+        if !names.contains(&r.scenario.as_str()) {
+            names.push(&r.scenario);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let runs: Vec<&ScenarioResult> = results.iter().filter(|r| r.scenario == name).collect();
+            let slow = is_slow_drift(runs[0]);
+            let leads: Vec<f64> =
+                if slow { runs.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect() } else { Vec::new() };
+            let abrupt = runs[0].labels.abrupt;
+            ScenarioAggregate {
+                scenario: name.to_owned(),
+                fault: runs[0].labels.fault,
+                runs: runs.len(),
+                median_lead_days: (!leads.is_empty()).then(|| omen_signals::median(&leads)),
+                min_lead_days: leads.iter().copied().reduce(f64::min),
+                max_lead_days: leads.iter().copied().reduce(f64::max),
+                missed: if slow { runs.iter().filter(|r| r.lead_days.is_none()).count() } else { 0 },
+                max_detection_minutes: if abrupt && runs.iter().all(|r| r.detection_minutes.is_some()) {
+                    runs.iter().filter_map(|r| r.detection_minutes).reduce(f64::max)
+                } else {
+                    None
+                },
+                false_alarms: runs.iter().map(|r| r.false_alarms).sum(),
+            }
+        })
+        .collect()
+}
+
+/// Evaluates every scenario in `dir` under `options.seeds` seeds, working under `work`
+/// (one folder per scenario, or per scenario and seed when there are several).
+pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions) -> Result<Report> {
+    let seeds = options.seeds.max(1);
+    let mut runs: Vec<(PathBuf, Scenario, PathBuf)> = Vec::new();
     for path in scenario_files(dir)? {
         let scenario = Scenario::load(&path)?;
-        let started = std::time::Instant::now();
-        let result = evaluate_one(cfg, &scenario, &work.join(&scenario.name))
-            .with_context(|| format!("scenario {}", path.display()))?;
-        tracing::info!(scenario = %scenario.name, secs = started.elapsed().as_secs_f64(), "evaluated");
-        scenarios.push(result);
+        for k in 0..seeds as u64 {
+            let mut run = scenario.clone();
+            run.seed = scenario.seed.wrapping_add(k);
+            let folder = if seeds == 1 {
+                work.join(&run.name)
+            } else {
+                work.join(format!("{}@{}", run.name, run.seed))
+            };
+            runs.push((path.clone(), run, folder));
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<Option<Result<ScenarioResult>>>> =
+        std::sync::Mutex::new((0..runs.len()).map(|_| None).collect());
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    // Each replay owns its trace and store, so they run side by side; a failure stops the
+    // others from taking new runs (the ones in flight finish).
+    std::thread::scope(|scope| {
+        for _ in 0..options.jobs.clamp(1, runs.len().max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= runs.len() || failed.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let (path, scenario, folder) = &runs[i];
+                let started = std::time::Instant::now();
+                let result = evaluate_one(cfg, scenario, folder)
+                    .with_context(|| format!("scenario {} (seed {})", path.display(), scenario.seed));
+                if result.is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                tracing::info!(
+                    scenario = %scenario.name,
+                    seed = scenario.seed,
+                    secs = started.elapsed().as_secs_f64(),
+                    "evaluated"
+                );
+                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
+            });
+        }
+    });
+    let mut scenarios = Vec::with_capacity(runs.len());
+    for r in results.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().flatten() {
+        scenarios.push(r?);
     }
     let summary = summarize(&scenarios);
-    Ok(Report { scenarios, summary })
+    Ok(Report { by_scenario: by_scenario(&scenarios), scenarios, summary })
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
-/// The report as a plain-text table.
+/// The report as a plain-text table: one row per run, then (with several seeds) one per
+/// scenario, then the targets.
 pub fn table(report: &Report) -> String {
+    let several_seeds = report.by_scenario.iter().any(|a| a.runs > 1);
     let mut s = format!(
-        "{:<30} {:<24} {:>5} {:>12} {:>10} {:>12} {:>8}\n",
-        "scenario", "fault", "days", "SLO", "lead d", "detect min", "FA/wk"
+        "{:<30} {:<24} {:>5} {:>13} {:>7} {:>7} {:>10} {:>6}\n",
+        "scenario", "fault", "days", "SLO", "lead d", "said d", "detect min", "FA/wk"
     );
     for r in &report.scenarios {
+        let name = if several_seeds { format!("{}@{}", r.scenario, r.seed) } else { r.scenario.clone() };
         s += &format!(
-            "{:<30} {:<24} {:>5.1} {:>12} {:>10} {:>12} {:>8.2}\n",
-            r.scenario,
+            "{:<30} {:<24} {:>5.1} {:>13} {:>7} {:>7} {:>10} {:>6.2}\n",
+            name,
             format!("{:?}", r.labels.fault),
             r.days,
             r.labels.slo.clone().unwrap_or_else(|| "-".into()),
-            if r.labels.fault != FaultKind::Healthy && !r.labels.abrupt && r.lead_days.is_none() {
-                "missed".into()
-            } else {
-                opt(r.lead_days, 1)
-            },
+            if is_slow_drift(r) && r.lead_days.is_none() { "missed".into() } else { opt(r.lead_days, 1) },
+            opt(r.warned_days_to_breach, 1),
             opt(r.detection_minutes, 1),
             r.false_alarms_per_week,
         );
     }
+    if several_seeds {
+        s += &format!(
+            "\n{:<30} {:>4} {:>11} {:>17} {:>6} {:>10} {:>5}\n",
+            "scenario", "runs", "median lead", "lead min..max", "missed", "detect max", "FA"
+        );
+        for a in &report.by_scenario {
+            let range = match (a.min_lead_days, a.max_lead_days) {
+                (Some(lo), Some(hi)) => format!("{lo:.1}..{hi:.1}"),
+                _ => "-".into(),
+            };
+            s += &format!(
+                "{:<30} {:>4} {:>11} {:>17} {:>6} {:>10} {:>5}\n",
+                a.scenario,
+                a.runs,
+                opt(a.median_lead_days, 1),
+                range,
+                a.missed,
+                opt(a.max_detection_minutes, 1),
+                a.false_alarms
+            );
+        }
+    }
     let m = &report.summary;
     let ok = |b: bool| if b { "met" } else { "MISSED" };
     s += &format!(
-        "median lead (slow drifts): {} days (target >= {TARGET_LEAD_DAYS}: {})\n",
+        "median lead (slow drifts, {} runs): {} days (target >= {TARGET_LEAD_DAYS}: {})\n",
+        m.slow_drift_runs,
         opt(m.median_lead_days, 1),
         ok(m.lead_target_met)
     );
@@ -252,7 +412,7 @@ mod tests {
     use super::*;
 
     fn event(ts_ms: i64, alert: &str, level: Level) -> AlertEvent {
-        AlertEvent { ts_ms, alert: alert.into(), level, reason: String::new() }
+        AlertEvent { ts_ms, alert: alert.into(), level, reason: String::new(), days_to_breach: None }
     }
 
     #[test]

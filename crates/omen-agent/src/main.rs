@@ -119,6 +119,12 @@ enum Command {
         /// Optional config (signal, health and forecast settings).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Runs per scenario: its own seed, then seed + 1, ... (lead times are then medians over seeds).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        seeds: u64,
+        /// Replays run at once (default: the number of CPUs).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+        jobs: Option<u64>,
     },
 }
 
@@ -196,9 +202,10 @@ fn evaluate_warnings(
     scenarios: &std::path::Path,
     out: &std::path::Path,
     work: Option<PathBuf>,
+    options: omen_agent::evaluate_warnings::EvaluateOptions,
 ) -> Result<()> {
     let work = work.unwrap_or_else(|| out.with_extension("work"));
-    let report = omen_agent::evaluate_warnings::evaluate(cfg, scenarios, &work)?;
+    let report = omen_agent::evaluate_warnings::evaluate(cfg, scenarios, &work, options)?;
     print!("{}", omen_agent::evaluate_warnings::table(&report));
     std::fs::write(out, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("cannot write the report {}", out.display()))?;
@@ -260,12 +267,19 @@ fn main() -> ExitCode {
                 Err(e) => Err(e),
             }
         }
-        Command::EvaluateWarnings { scenarios, out, work, config } => {
+        Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs } => {
             let cfg = match config {
                 Some(path) => load_config(&path),
                 None => Ok(Config::default()),
             };
-            cfg.and_then(|cfg| evaluate_warnings(&cfg, &scenarios, &out, work))
+            let options = omen_agent::evaluate_warnings::EvaluateOptions {
+                seeds: seeds as usize,
+                jobs: jobs.map_or_else(
+                    || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+                    |j| j as usize,
+                ),
+            };
+            cfg.and_then(|cfg| evaluate_warnings(&cfg, &scenarios, &out, work, options))
         }
     };
     match result {

@@ -4,8 +4,13 @@
 
 use omen_agent::config::Config;
 use omen_agent::evaluate_warnings::{
-    evaluate, table, TARGET_DETECTION_MINUTES, TARGET_FALSE_ALARMS_PER_WEEK, TARGET_LEAD_DAYS,
+    evaluate, table, EvaluateOptions, TARGET_DETECTION_MINUTES, TARGET_FALSE_ALARMS_PER_WEEK,
+    TARGET_LEAD_DAYS,
 };
+
+const CREEP: &str = "name: creep\nseed: 11\ndays: 36\nstep: 30m\n\
+                     fault: {kind: kv_fragmentation_creep, onset_days: 2, magnitude: 0.025}\n";
+const HEALTHY: &str = "name: healthy\nseed: 12\ndays: 28\nstep: 30m\n";
 
 #[test]
 fn short_scenarios_meet_the_warning_targets() {
@@ -13,12 +18,8 @@ fn short_scenarios_meet_the_warning_targets() {
     let scenarios = dir.path().join("scenarios");
     std::fs::create_dir(&scenarios).unwrap();
     for (file, text) in [
-        (
-            "creep.yaml",
-            "name: creep\nseed: 11\ndays: 36\nstep: 30m\n\
-             fault: {kind: kv_fragmentation_creep, onset_days: 2, magnitude: 0.025}\n",
-        ),
-        ("healthy.yaml", "name: healthy\nseed: 12\ndays: 28\nstep: 30m\n"),
+        ("creep.yaml", CREEP),
+        ("healthy.yaml", HEALTHY),
         (
             "decay.yaml",
             "name: decay\nseed: 13\ndays: 2\nstep: 60s\n\
@@ -27,7 +28,9 @@ fn short_scenarios_meet_the_warning_targets() {
     ] {
         std::fs::write(scenarios.join(file), text).unwrap();
     }
-    let report = evaluate(&Config::default(), &scenarios, &dir.path().join("work")).unwrap();
+    let report =
+        evaluate(&Config::default(), &scenarios, &dir.path().join("work"), EvaluateOptions::default())
+            .unwrap();
     println!("{}", table(&report));
     let by_name = |n: &str| report.scenarios.iter().find(|r| r.scenario == n).unwrap();
 
@@ -43,6 +46,9 @@ fn short_scenarios_meet_the_warning_targets() {
     assert!(lead >= 12.0, "lead {lead}");
     assert_eq!(report.summary.lead_target_met, lead >= TARGET_LEAD_DAYS);
     assert_eq!(creep.false_alarms, 0, "{:?}", creep.events);
+    // The report keeps what the first warning said, to set beside the lead it gave.
+    let said = creep.warned_days_to_breach.expect("the warning carries its forecast");
+    assert!(said > 0.0 && said <= 14.0, "said {said} days");
 
     let healthy = by_name("healthy");
     assert!(healthy.false_alarms_per_week <= TARGET_FALSE_ALARMS_PER_WEEK, "{:?}", healthy.events);
@@ -54,4 +60,55 @@ fn short_scenarios_meet_the_warning_targets() {
     let s = &report.summary;
     assert!(s.false_alarm_target_met && s.detection_target_met, "{s:?}");
     assert!(dir.path().join("work/creep/labels.json").exists());
+}
+
+#[test]
+fn several_seeds_give_a_lead_distribution_and_parallel_runs_match_serial_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenarios = dir.path().join("scenarios");
+    std::fs::create_dir(&scenarios).unwrap();
+    std::fs::write(scenarios.join("creep.yaml"), CREEP).unwrap();
+    std::fs::write(scenarios.join("healthy.yaml"), HEALTHY).unwrap();
+    let run = |jobs: usize, work: &str| {
+        evaluate(&Config::default(), &scenarios, &dir.path().join(work), EvaluateOptions { seeds: 3, jobs })
+            .unwrap()
+    };
+    let parallel = run(3, "parallel");
+    println!("{}", table(&parallel));
+    let seeds: Vec<(String, u64)> = parallel.scenarios.iter().map(|r| (r.scenario.clone(), r.seed)).collect();
+    let expected: Vec<(String, u64)> =
+        [("creep", 11), ("creep", 12), ("creep", 13), ("healthy", 12), ("healthy", 13), ("healthy", 14)]
+            .iter()
+            .map(|(n, s)| ((*n).to_owned(), *s))
+            .collect();
+    assert_eq!(seeds, expected);
+    assert!(dir.path().join("parallel/creep@13/labels.json").exists());
+
+    // Other seeds are other traces: the breach moves with the noise.
+    let creeps: Vec<_> = parallel.scenarios.iter().filter(|r| r.scenario == "creep").collect();
+    assert!(
+        creeps
+            .iter()
+            .any(|r| r.labels.breach_ts_ms != creeps[0].labels.breach_ts_ms
+                || r.lead_days != creeps[0].lead_days),
+        "three seeds gave the same run: {creeps:?}"
+    );
+    let leads: Vec<f64> = creeps.iter().map(|r| r.lead_days.expect("each seed is warned")).collect();
+
+    let agg = &parallel.by_scenario[0];
+    assert_eq!((agg.scenario.as_str(), agg.runs, agg.missed), ("creep", 3, 0));
+    let (lo, hi) = (agg.min_lead_days.unwrap(), agg.max_lead_days.unwrap());
+    assert_eq!(lo, leads.iter().copied().fold(f64::INFINITY, f64::min));
+    assert_eq!(hi, leads.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    assert!((lo..=hi).contains(&agg.median_lead_days.unwrap()));
+    assert_eq!(parallel.by_scenario[1].median_lead_days, None, "a healthy trace has no lead");
+    assert_eq!(parallel.summary.slow_drift_runs, 3);
+    assert_eq!(parallel.summary.median_lead_days, agg.median_lead_days);
+
+    // Replays are independent: three at once give what one at a time gives.
+    let serial = run(1, "serial");
+    let key = |r: &omen_agent::evaluate_warnings::Report| {
+        r.scenarios.iter().map(|s| (s.seed, s.lead_days, s.false_alarms, s.events.len())).collect::<Vec<_>>()
+    };
+    assert_eq!(key(&parallel), key(&serial));
 }

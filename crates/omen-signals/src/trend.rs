@@ -120,6 +120,16 @@ pub enum BreachDirection {
     Below,
 }
 
+impl BreachDirection {
+    /// The other direction: where a breach lies after a decreasing transform such as 1/x.
+    pub fn flipped(self) -> Self {
+        match self {
+            Self::Above => Self::Below,
+            Self::Below => Self::Above,
+        }
+    }
+}
+
 /// When a trend crosses its SLO threshold, in days from `now`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BreachForecast {
