@@ -333,7 +333,7 @@ pub struct SloConfig {
     /// Breach direction.
     #[serde(default)]
     pub direction: Direction,
-    /// Scale the trend is fitted on (default: log for latency, linear otherwise).
+    /// Scale the trend is fitted on (default: reciprocal for latency, linear otherwise).
     #[serde(default)]
     pub scale: Option<TrendScale>,
 }
@@ -343,11 +343,12 @@ impl SloConfig {
         Self { name: name.into(), indicator, threshold, direction, scale: None }
     }
 
-    /// The trend's scale: as configured, else log for latency indicators (they grow by
-    /// factors: longer contexts, queueing) and linear for ratios.
+    /// The trend's scale: as configured, else reciprocal for latency (queueing latency
+    /// S / (1 - utilisation) is a straight line in 1/TTFT while load grows steadily, and on
+    /// growth of another shape it warns early rather than late) and linear for ratios.
     pub fn trend_scale(&self) -> TrendScale {
         self.scale.unwrap_or(match self.indicator {
-            SloIndicator::TtftP99 => TrendScale::Log,
+            SloIndicator::TtftP99 => TrendScale::Reciprocal,
             _ => TrendScale::Linear,
         })
     }

@@ -64,7 +64,8 @@ pub struct SloForecast {
     pub days: usize,
     /// Latest point the trend used: the worst daily value of the last `worst_of_days` days.
     pub latest: Option<f64>,
-    /// Trend slope per day, in the indicator's units (linear scale) or ln units (log scale).
+    /// Trend slope per day, in the indicator's units (linear scale), ln units (log scale) or
+    /// 1/units (reciprocal scale: negative while the indicator rises).
     pub slope_per_day: Option<f64>,
     /// The scale the trend was fitted on.
     pub scale: TrendScale,
@@ -934,10 +935,10 @@ mod tests {
     }
 
     #[test]
-    fn latency_trends_are_fitted_on_a_log_scale() {
+    fn latency_trends_are_fitted_on_the_reciprocal_scale() {
         let cfg = crate::config::Config::default();
         let ttft = cfg.forecast.slos.iter().find(|s| s.name == "ttft_p99").unwrap();
-        assert_eq!(ttft.trend_scale(), TrendScale::Log);
+        assert_eq!(ttft.trend_scale(), TrendScale::Reciprocal);
         let kv = cfg.forecast.slos.iter().find(|s| s.name == "kv_usage").unwrap();
         assert_eq!(kv.trend_scale(), TrendScale::Linear);
     }
