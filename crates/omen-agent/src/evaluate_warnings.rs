@@ -301,6 +301,7 @@ pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions)
         }
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::atomic::AtomicUsize::new(0);
     let results: std::sync::Mutex<Vec<Option<Result<ScenarioResult>>>> =
         std::sync::Mutex::new((0..runs.len()).map(|_| None).collect());
     let failed = std::sync::atomic::AtomicBool::new(false);
@@ -320,12 +321,23 @@ pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions)
                 if result.is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
-                tracing::info!(
-                    scenario = %scenario.name,
-                    seed = scenario.seed,
-                    secs = started.elapsed().as_secs_f64(),
-                    "evaluated"
-                );
+                let finished = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                let secs = started.elapsed().as_secs_f64();
+                match &result {
+                    Ok(r) => tracing::info!(
+                        scenario = %scenario.name,
+                        seed = scenario.seed,
+                        lead_days = %opt(r.lead_days, 1),
+                        said_days = %opt(r.warned_days_to_breach, 1),
+                        false_alarms = r.false_alarms,
+                        secs = secs.round(),
+                        "evaluated run {finished} of {}",
+                        runs.len()
+                    ),
+                    Err(e) => {
+                        tracing::error!(scenario = %scenario.name, seed = scenario.seed, "run failed: {e:#}")
+                    }
+                }
                 results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
             });
         }

@@ -268,6 +268,8 @@ fn main() -> ExitCode {
             }
         }
         Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs } => {
+            // A full evaluation takes minutes: each finished run is logged to stderr.
+            omen_agent::logging();
             let cfg = match config {
                 Some(path) => load_config(&path),
                 None => Ok(Config::default()),
