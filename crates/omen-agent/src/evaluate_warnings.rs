@@ -206,16 +206,15 @@ fn alarm_episodes<'a>(events: impl Iterator<Item = &'a AlertEvent>) -> usize {
 
 /// Aggregates results against the targets.
 pub fn summarize(results: &[ScenarioResult]) -> Summary {
-    let slow: Vec<&ScenarioResult> = results.iter().filter(|r| is_slow_drift(r)).collect();
-    let several_seeds =
-        results.iter().any(|r| results.iter().any(|o| o.scenario == r.scenario && o.seed != r.seed));
-    let missed: Vec<String> = slow
+    let all: Vec<&ScenarioResult> = results.iter().collect();
+    let several_seeds = has_several_seeds(results);
+    let missed: Vec<String> = all
         .iter()
-        .filter(|r| r.lead_days.is_none())
-        .map(|r| if several_seeds { format!("{}@{}", r.scenario, r.seed) } else { r.scenario.clone() })
+        .filter(|r| is_slow_drift(r) && r.lead_days.is_none())
+        .map(|r| run_label(&r.scenario, r.seed, several_seeds))
         .collect();
-    let leads: Vec<f64> = slow.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect();
-    let median_lead_days = (!leads.is_empty()).then(|| omen_signals::median(&leads));
+    let leads = slow_drift_leads(&all);
+    let median_lead_days = median(&leads);
     let healthy: Vec<&ScenarioResult> =
         results.iter().filter(|r| r.labels.fault == FaultKind::Healthy).collect();
     let healthy_false_alarms_per_week = (!healthy.is_empty()).then(|| {
@@ -223,19 +222,14 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
         let weeks: f64 = healthy.iter().map(|r| r.days / 7.0).sum();
         alarms as f64 / weeks
     });
-    let abrupt: Vec<&ScenarioResult> = results.iter().filter(|r| r.labels.abrupt).collect();
-    let max_detection_minutes = if abrupt.iter().all(|r| r.detection_minutes.is_some()) {
-        abrupt.iter().filter_map(|r| r.detection_minutes).reduce(f64::max)
-    } else {
-        None
-    };
+    let max_detection_minutes = worst_detection_minutes(&all);
     Summary {
         median_lead_days,
-        slow_drift_runs: slow.len(),
+        slow_drift_runs: leads.len(),
         lead_target_met: median_lead_days.is_none_or(|d| d >= TARGET_LEAD_DAYS),
         false_alarm_target_met: healthy_false_alarms_per_week
             .is_none_or(|f| f <= TARGET_FALSE_ALARMS_PER_WEEK),
-        detection_target_met: abrupt.is_empty()
+        detection_target_met: !results.iter().any(|r| r.labels.abrupt)
             || max_detection_minutes.is_some_and(|m| m <= TARGET_DETECTION_MINUTES),
         missed,
         healthy_false_alarms_per_week,
@@ -245,6 +239,41 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
 
 fn is_slow_drift(r: &ScenarioResult) -> bool {
     r.labels.fault != FaultKind::Healthy && !r.labels.abrupt
+}
+
+/// Leads of the slow-drift runs among `runs`, days; a missed warning counts as 0.
+fn slow_drift_leads(runs: &[&ScenarioResult]) -> Vec<f64> {
+    runs.iter().filter(|r| is_slow_drift(r)).map(|r| r.lead_days.unwrap_or(0.0)).collect()
+}
+
+fn median(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| omen_signals::median(values))
+}
+
+/// Worst detection delay of the abrupt runs among `runs`, minutes; None when one of them was
+/// never flagged, or there is none.
+fn worst_detection_minutes(runs: &[&ScenarioResult]) -> Option<f64> {
+    let abrupt: Vec<&&ScenarioResult> = runs.iter().filter(|r| r.labels.abrupt).collect();
+    if abrupt.iter().all(|r| r.detection_minutes.is_some()) {
+        abrupt.iter().filter_map(|r| r.detection_minutes).reduce(f64::max)
+    } else {
+        None
+    }
+}
+
+/// Whether some scenario ran under more than one seed.
+fn has_several_seeds(results: &[ScenarioResult]) -> bool {
+    results.iter().any(|r| results.iter().any(|o| o.scenario == r.scenario && o.seed != r.seed))
+}
+
+/// How a run is named in work folders, tables and the missed list: `name@seed` when
+/// scenarios run under several seeds, else the name alone.
+fn run_label(name: &str, seed: u64, several_seeds: bool) -> String {
+    if several_seeds {
+        format!("{name}@{seed}")
+    } else {
+        name.to_owned()
+    }
 }
 
 /// Per-scenario aggregates of `results`, in first-seen order.
@@ -259,23 +288,16 @@ pub fn by_scenario(results: &[ScenarioResult]) -> Vec<ScenarioAggregate> {
         .into_iter()
         .map(|name| {
             let runs: Vec<&ScenarioResult> = results.iter().filter(|r| r.scenario == name).collect();
-            let slow = is_slow_drift(runs[0]);
-            let leads: Vec<f64> =
-                if slow { runs.iter().map(|r| r.lead_days.unwrap_or(0.0)).collect() } else { Vec::new() };
-            let abrupt = runs[0].labels.abrupt;
+            let leads = slow_drift_leads(&runs);
             ScenarioAggregate {
                 scenario: name.to_owned(),
                 fault: runs[0].labels.fault,
                 runs: runs.len(),
-                median_lead_days: (!leads.is_empty()).then(|| omen_signals::median(&leads)),
+                median_lead_days: median(&leads),
                 min_lead_days: leads.iter().copied().reduce(f64::min),
                 max_lead_days: leads.iter().copied().reduce(f64::max),
-                missed: if slow { runs.iter().filter(|r| r.lead_days.is_none()).count() } else { 0 },
-                max_detection_minutes: if abrupt && runs.iter().all(|r| r.detection_minutes.is_some()) {
-                    runs.iter().filter_map(|r| r.detection_minutes).reduce(f64::max)
-                } else {
-                    None
-                },
+                missed: runs.iter().filter(|r| is_slow_drift(r) && r.lead_days.is_none()).count(),
+                max_detection_minutes: worst_detection_minutes(&runs),
                 false_alarms: runs.iter().map(|r| r.false_alarms).sum(),
             }
         })
@@ -292,11 +314,7 @@ pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions)
         for k in 0..seeds as u64 {
             let mut run = scenario.clone();
             run.seed = scenario.seed.wrapping_add(k);
-            let folder = if seeds == 1 {
-                work.join(&run.name)
-            } else {
-                work.join(format!("{}@{}", run.name, run.seed))
-            };
+            let folder = work.join(run_label(&run.name, run.seed, seeds > 1));
             runs.push((path.clone(), run, folder));
         }
     }
@@ -357,13 +375,13 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 /// The report as a plain-text table: one row per run, then (with several seeds) one per
 /// scenario, then the targets.
 pub fn table(report: &Report) -> String {
-    let several_seeds = report.by_scenario.iter().any(|a| a.runs > 1);
+    let several_seeds = has_several_seeds(&report.scenarios);
     let mut s = format!(
         "{:<30} {:<24} {:>5} {:>13} {:>7} {:>7} {:>10} {:>6}\n",
         "scenario", "fault", "days", "SLO", "lead d", "said d", "detect min", "FA/wk"
     );
     for r in &report.scenarios {
-        let name = if several_seeds { format!("{}@{}", r.scenario, r.seed) } else { r.scenario.clone() };
+        let name = run_label(&r.scenario, r.seed, several_seeds);
         s += &format!(
             "{:<30} {:<24} {:>5.1} {:>13} {:>7} {:>7} {:>10} {:>6.2}\n",
             name,
