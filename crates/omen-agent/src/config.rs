@@ -367,6 +367,17 @@ pub enum TrendScale {
     Reciprocal,
 }
 
+impl TrendScale {
+    /// `value` on this scale (ln or 1/value for the scales that need values > 0).
+    pub fn apply(self, value: f64) -> f64 {
+        match self {
+            Self::Linear => value,
+            Self::Log => value.ln(),
+            Self::Reciprocal => 1.0 / value,
+        }
+    }
+}
+
 /// Daily SLO indicators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -592,13 +592,14 @@ impl Engine {
                 .map(|d| d.0)
                 .zip(trailing_worst(&y_raw, worst_of, direction))
                 .collect();
+            let scale = slo.trend_scale();
             let mut fc = SloForecast {
                 slo: slo.name.clone(),
                 threshold: slo.threshold,
                 days: daily.len(),
                 latest: daily.last().map(|d| d.1),
                 slope_per_day: None,
-                scale: slo.trend_scale(),
+                scale,
                 days_to_breach: None,
                 days_to_breach_upper: None,
                 early_warning: false,
@@ -606,20 +607,13 @@ impl Engine {
             // On a log or reciprocal scale, non-positive days (a latency of 0 is a broken probe)
             // are left out; 1/x falls as x rises, so on the reciprocal scale the breach
             // direction flips.
-            let (points, threshold, direction): (Vec<(f64, f64)>, f64, BreachDirection) =
-                match slo.trend_scale() {
-                    TrendScale::Linear => (daily, slo.threshold, direction),
-                    TrendScale::Log => (
-                        daily.into_iter().filter(|d| d.1 > 0.0).map(|(x, y)| (x, y.ln())).collect(),
-                        slo.threshold.ln(),
-                        direction,
-                    ),
-                    TrendScale::Reciprocal => (
-                        daily.into_iter().filter(|d| d.1 > 0.0).map(|(x, y)| (x, 1.0 / y)).collect(),
-                        1.0 / slo.threshold,
-                        direction.flipped(),
-                    ),
-                };
+            let points: Vec<(f64, f64)> = daily
+                .into_iter()
+                .filter(|d| scale == TrendScale::Linear || d.1 > 0.0)
+                .map(|(x, y)| (x, scale.apply(y)))
+                .collect();
+            let threshold = scale.apply(slo.threshold);
+            let direction = if scale == TrendScale::Reciprocal { direction.flipped() } else { direction };
             if points.len() >= f.min_days {
                 let x: Vec<f64> = points.iter().map(|d| d.0).collect();
                 let y: Vec<f64> = points.iter().map(|d| d.1).collect();
