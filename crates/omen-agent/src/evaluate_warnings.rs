@@ -208,11 +208,8 @@ fn alarm_episodes<'a>(events: impl Iterator<Item = &'a AlertEvent>) -> usize {
 pub fn summarize(results: &[ScenarioResult]) -> Summary {
     let all: Vec<&ScenarioResult> = results.iter().collect();
     let several_seeds = has_several_seeds(results);
-    let missed: Vec<String> = all
-        .iter()
-        .filter(|r| is_slow_drift(r) && r.lead_days.is_none())
-        .map(|r| run_label(&r.scenario, r.seed, several_seeds))
-        .collect();
+    let missed: Vec<String> =
+        all.iter().filter(|r| is_missed(r)).map(|r| run_label(&r.scenario, r.seed, several_seeds)).collect();
     let leads = slow_drift_leads(&all);
     let median_lead_days = median(&leads);
     let healthy: Vec<&ScenarioResult> =
@@ -239,6 +236,11 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
 
 fn is_slow_drift(r: &ScenarioResult) -> bool {
     r.labels.fault != FaultKind::Healthy && !r.labels.abrupt
+}
+
+/// A slow-drift run with no early warning before its breach.
+fn is_missed(r: &ScenarioResult) -> bool {
+    is_slow_drift(r) && r.lead_days.is_none()
 }
 
 /// Leads of the slow-drift runs among `runs`, days; a missed warning counts as 0.
@@ -296,7 +298,7 @@ pub fn by_scenario(results: &[ScenarioResult]) -> Vec<ScenarioAggregate> {
                 median_lead_days: median(&leads),
                 min_lead_days: leads.iter().copied().reduce(f64::min),
                 max_lead_days: leads.iter().copied().reduce(f64::max),
-                missed: runs.iter().filter(|r| is_slow_drift(r) && r.lead_days.is_none()).count(),
+                missed: runs.iter().filter(|r| is_missed(r)).count(),
                 max_detection_minutes: worst_detection_minutes(&runs),
                 false_alarms: runs.iter().map(|r| r.false_alarms).sum(),
             }
@@ -388,7 +390,7 @@ pub fn table(report: &Report) -> String {
             format!("{:?}", r.labels.fault),
             r.days,
             r.labels.slo.clone().unwrap_or_else(|| "-".into()),
-            if is_slow_drift(r) && r.lead_days.is_none() { "missed".into() } else { opt(r.lead_days, 1) },
+            if is_missed(r) { "missed".into() } else { opt(r.lead_days, 1) },
             opt(r.warned_days_to_breach, 1),
             opt(r.detection_minutes, 1),
             r.false_alarms_per_week,
