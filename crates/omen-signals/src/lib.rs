@@ -10,6 +10,7 @@ pub mod htm_likelihood;
 pub mod kvf;
 pub mod novelty;
 pub mod rci;
+pub mod time;
 pub mod tle;
 pub mod trend;
 pub mod window;
@@ -28,6 +29,7 @@ pub use novelty::{ContextSurprise, NoveltySurprise, NoveltySurpriseConfig, Range
 pub use rci::{
     consistency_decay_index, repetition_ratio, Rci, RciParts, RciWeights, SemanticSimilarity, StreamingRci,
 };
+pub use time::{DAY_MS, MINUTE_MS};
 pub use tle::{first_token_entropy_bits, first_token_entropy_from_top_logprobs, TopKEntropy};
 pub use trend::{
     days_to_breach, median, theil_sen, trailing_worst, BreachDirection, BreachForecast, TheilSen,
