@@ -60,7 +60,7 @@ setup-llm: setup-apt
 
 ## build: release binaries in target/release: omen and its model worker omen-worker (the only one linking libtorch)
 build: setup-rust setup-torch
-	$(CARGO) build --release -p omen-agent -p omen-worker
+	$(CARGO) build --release -p omen-cli -p omen-worker
 
 ## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1)
 run: build
@@ -84,15 +84,15 @@ test-ops: setup-apt setup-python
 
 ## e2e: agent on a recorded trace -> real Prometheus with the rules -> real Alertmanager -> webhook receivers
 e2e: setup-rust setup-apt setup-torch
-	$(CARGO) build -p omen-agent --bin omen
+	$(CARGO) build -p omen-cli --bin omen
 	OMEN_BIN=target/debug/omen bash scripts/test-e2e.sh
 
 ## lint: formatting and clippy, warnings are errors
 lint: setup-rust setup-torch
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) build -p omen-agent --no-default-features
-	$(CARGO) clippy -p omen-agent --no-default-features --all-targets -- -D warnings
+	$(CARGO) build -p omen-cli --no-default-features
+	$(CARGO) clippy -p omen-agent -p omen-cli --no-default-features --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

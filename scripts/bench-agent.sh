@@ -69,11 +69,12 @@ CLK_TCK=$(getconf CLK_TCK)
 
 # ---------------------------------------------------------------- build
 if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
-    log "building (release): omen + push_load"
-    CARGO_TARGET_DIR=$TARGET_DIR cargo build --release "${BUILD_ARGS[@]}" -p omen-agent --bin omen --example push_load >&2
+    log "building (release): omen + omen-push-load"
+    CARGO_TARGET_DIR=$TARGET_DIR cargo build --release "${BUILD_ARGS[@]}" -p omen-cli --bin omen >&2
+    CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p omen-bench --bin omen-push-load >&2
 fi
 OMEN=$TARGET_DIR/release/omen
-PUSH=$TARGET_DIR/release/examples/push_load
+PUSH=$TARGET_DIR/release/omen-push-load
 [[ -x $OMEN && -x $PUSH ]] || die "missing $OMEN or $PUSH (build failed?)"
 
 # ---------------------------------------------------------------- process bookkeeping

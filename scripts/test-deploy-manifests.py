@@ -23,7 +23,7 @@ PyYAML, dockerfile) and, for rendering, `kubectl` (its built-in kustomize).
    limit; the PodMonitor and Service select the pod and name existing ports.
 4. deploy/Dockerfile, parsed with the `dockerfile` package (Docker's own Go
    parser): multi-stage, rust:1-bookworm builder running
-   `cargo build --release ... -p omen-agent`, slim/distroless runtime,
+   `cargo build --release ... -p omen-cli`, slim/distroless runtime,
    non-root USER, omen entrypoint.
 Prints one line per check and "N passed, M failed"; exit 1 on any failure.
 """
@@ -398,8 +398,8 @@ def check_dockerfile(path):
             errs.append(f"builder must be 'FROM rust:1-bookworm AS <name>', got {b['from'].original!r}")
         builder_name = bv[2] if len(bv) >= 3 else None
         runs = [" ".join(x.value) for x in b["cmds"] if x.cmd.lower() == "run"]
-        if not any(re.search(r"\bcargo build\b.*--release\b", x) and re.search(r"(-p|--package)[ =]omen-agent\b", x) for x in runs):
-            errs.append("builder does not run 'cargo build --release -p omen-agent'")
+        if not any(re.search(r"\bcargo build\b.*--release\b", x) and re.search(r"(-p|--package)[ =]omen-cli\b", x) for x in runs):
+            errs.append("builder does not run 'cargo build --release -p omen-cli'")
         if not any(re.search(r"\bcargo build\b.*--release\b.*(-p|--package)[ =]omen-worker\b", x) for x in runs):
             errs.append("builder does not build the model worker ('cargo build --release -p omen-worker')")
         rimg = r["from"].value[0]

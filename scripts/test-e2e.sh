@@ -542,11 +542,11 @@ if [ -n "${OMEN_BIN:-}" ]; then
   BIN=$OMEN_BIN
 else
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/omen
-  echo "building omen (cargo build --release -p omen-agent --bin omen) ..."
-  if cargo build --release -p omen-agent --bin omen >"$TMP/build.log" 2>&1; then
-    ok "cargo build --release -p omen-agent --bin omen"
+  echo "building omen (cargo build --release -p omen-cli --bin omen) ..."
+  if cargo build --release -p omen-cli --bin omen >"$TMP/build.log" 2>&1; then
+    ok "cargo build --release -p omen-cli --bin omen"
   else
-    ko "cargo build --release -p omen-agent --bin omen" "$(tail -n 30 "$TMP/build.log")"
+    ko "cargo build --release -p omen-cli --bin omen" "$(tail -n 30 "$TMP/build.log")"
   fi
 fi
 if [ -x "$BIN" ]; then ok "omen binary $BIN"; else ko "omen binary $BIN is not there"; fi

@@ -437,7 +437,7 @@ impl std::fmt::Display for ConfigProblem {
 
 /// Deserialises YAML; a syntax or type error comes back as (field path, message), the
 /// path `(top level)` when the document itself is wrong. Shared by the agent's YAML inputs.
-pub(crate) fn from_yaml_at_path<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (String, String)> {
+pub fn from_yaml_at_path<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, (String, String)> {
     serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(|e| {
         let path = e.path().to_string();
         (if path == "." { "(top level)".into() } else { path }, e.into_inner().to_string())

@@ -13,23 +13,16 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use omen_sources::now_ms;
 use omen_sources::ingest::{self, IngestError};
-use omen_sources::Sample;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::HealthSummary;
 use crate::metrics::{self, GaugePoint, LiveMetrics};
-use crate::store::{Resolution, Store, DAY_MS};
-
-/// A batch for the pipeline and the channel that acknowledges its commit.
-pub struct IngestJob {
-    /// Samples to process.
-    pub samples: Vec<Sample>,
-    /// Receives the number committed, or the store's error.
-    pub ack: Option<oneshot::Sender<Result<usize, String>>>,
-}
+use crate::pipeline::IngestJob;
+use omen_store::{Resolution, Store, DAY_MS};
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -309,10 +302,6 @@ async fn readyz(State(st): State<AppState>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting: the pipeline is not running yet\n").into_response()
     }
-}
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 fn check_token(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {

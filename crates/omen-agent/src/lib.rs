@@ -1,23 +1,18 @@
-//! The omen agent: config, pipeline, store, HTTP API and exporters. The binary
-//! `omen` (main.rs) is a thin CLI over this library, which the tests drive directly.
+//! The omen sidecar daemon: config, source wiring, the pipeline, HTTP API, exporters and
+//! the model-worker client. The `omen` binary (crates/omen-cli) runs it with `omen run`;
+//! the offline tools live in omen-lab and omen-bench, the store in omen-store.
 
-pub mod compare;
 pub mod config;
 pub mod engine;
-pub mod evaluate_warnings;
 pub mod http;
-pub mod loadgen;
 #[cfg(feature = "lstm")]
 pub mod lstm_live;
 pub mod metrics;
-pub mod model_cli;
 pub mod otlp;
-pub mod replay;
+pub mod pipeline;
 pub mod run;
 pub mod semantic;
-pub mod simulate;
-pub mod store;
-pub mod trace_file;
+pub mod sources;
 pub mod worker;
 
 /// Logs to stderr; `RUST_LOG` overrides the default `info` level.

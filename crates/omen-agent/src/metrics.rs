@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use omen_signals::catalogue;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -25,29 +26,10 @@ pub const MAX_GAUGE_SERIES: usize = 20_000;
 const LATENCY_BUCKETS: [f64; 16] =
     [0.005, 0.01, 0.02, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0];
 
-/// Help text of the exported gauges (DESIGN.md names, prefix added on export).
+/// Help text of an exported gauge: the catalogue's, or a generic one for signals that users
+/// push under names of their own.
 pub fn help_for(name: &str) -> &'static str {
-    match name {
-        "tle_bits" => "First-token entropy of a canary prompt, bits (lower bound from top-k logprobs)",
-        "tle_bits_upper" => "Upper bound of the first-token entropy from top-k logprobs, bits",
-        "rci" => "Consistency decay index of a canary answer, [0,1], higher is worse",
-        "rci_bleu" => "Sentence BLEU of a canary answer against its reference, [0,1]",
-        "rci_bertscore_f1" => "BERTScore F1 of a canary answer against its reference, [0,1]",
-        "rci_repetition_ratio" => "1 - distinct/total 3-grams of a canary answer",
-        "kvf_ratio" => "KV-cache fragmentation: total free / largest free extent (>= 1)",
-        "kvcache_usage_ratio" => "KV-cache blocks in use / total, per layer",
-        "gpu_memory_used_bytes" => "GPU memory in use, bytes (NVML)",
-        "gpu_memory_total_bytes" => "GPU memory in total, bytes (NVML)",
-        "gpu_memory_headroom_ratio" => "1 - used/total GPU memory",
-        "anomaly_score" => "Sliding-window anomaly score |x-mean|/(std+1e-8) + 0.3|skew| of a signal",
-        "lstm_ae_score" => "LSTM autoencoder anomaly score, [0,1]",
-        "health_score" => "Combined degradation score, [0,1]: 0 healthy, >= 0.6 warning, >= 0.8 critical",
-        "forecast_days_to_breach" => "Days until the SLO indicator's Theil-Sen trend crosses its threshold",
-        "forecast_days_to_breach_upper" => "Far end of the days_to_breach interval",
-        "source_up" => "1 when the source's last collection succeeded, else 0",
-        "build_info" => "omen build information",
-        _ => "Latest value of a pushed or collected signal",
-    }
+    catalogue::find(name).map_or("Latest value of a pushed or collected signal", |s| s.help)
 }
 
 /// One gauge value for exporters.
@@ -158,7 +140,7 @@ impl LiveMetrics {
             shed: Family::default(),
             rejected: Family::default(),
         };
-        m.set_gauge("build_info", vec![("version".into(), env!("CARGO_PKG_VERSION").into())], 1.0);
+        m.set_gauge(catalogue::BUILD_INFO.name, vec![("version".into(), env!("CARGO_PKG_VERSION").into())], 1.0);
         m
     }
 
@@ -244,8 +226,8 @@ impl LiveMetrics {
     /// Records a canary latency in its histogram (and in the tap, when an exporter enabled it).
     pub fn record_latency(&self, name: &'static str, labels: Labels, seconds: f64) {
         let family = match name {
-            "ttft_seconds" => &self.ttft,
-            "tpot_seconds" => &self.tpot,
+            n if n == catalogue::TTFT_SECONDS.name => &self.ttft,
+            n if n == catalogue::TPOT_SECONDS.name => &self.tpot,
             _ => &self.e2e,
         };
         family.get_or_create(&labels).observe(seconds);
@@ -309,9 +291,13 @@ impl Collector for GaugeCollector {
 /// A prometheus-client registry (prefix `omen`) over the live state.
 pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
     let mut registry = Registry::with_prefix("omen");
-    registry.register("ttft_seconds", "Canary time to first token, seconds", live.ttft.clone());
-    registry.register("tpot_seconds", "Canary time per output token, seconds", live.tpot.clone());
-    registry.register("e2e_seconds", "Canary end-to-end latency, seconds", live.e2e.clone());
+    for (signal, family) in [
+        (catalogue::TTFT_SECONDS, &live.ttft),
+        (catalogue::TPOT_SECONDS, &live.tpot),
+        (catalogue::E2E_SECONDS, &live.e2e),
+    ] {
+        registry.register(signal.name, signal.help, family.clone());
+    }
     registry.register("samples_ingested", "Samples accepted by the pipeline", live.samples_ingested.clone());
     registry.register("shed", "Samples or requests shed under load, by reason", live.shed.clone());
     registry.register("ingest_rejected", "Pushes rejected with a 4xx, by endpoint", live.rejected.clone());

@@ -47,17 +47,19 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Stream, Temporality};
 use opentelemetry_sdk::Resource;
 
+use omen_signals::catalogue;
+
 use crate::config::OtlpConfig;
 use crate::metrics::{help_for, Labels, LiveMetrics, MAX_GAUGE_SERIES};
 
 /// OTLP name of the canary time-to-first-token histogram.
-pub const TTFT_NAME: &str = "gen_ai.server.time_to_first_token";
+pub const TTFT_NAME: &str = catalogue::TTFT_SECONDS.otlp_name;
 /// OTLP name of the canary time-per-output-token histogram.
-pub const TPOT_NAME: &str = "gen_ai.server.time_per_output_token";
+pub const TPOT_NAME: &str = catalogue::TPOT_SECONDS.otlp_name;
 /// OTLP name of the canary end-to-end latency histogram.
-pub const E2E_NAME: &str = "gen_ai.server.request.duration";
+pub const E2E_NAME: &str = catalogue::E2E_SECONDS.otlp_name;
 /// OTLP name of the per-layer KV-cache usage gauge.
-pub const KV_USAGE_NAME: &str = "llm.decoder.kvcache.usage_ratio";
+pub const KV_USAGE_NAME: &str = catalogue::KVCACHE_USAGE_RATIO.otlp_name;
 /// OTLP name of the exporter's own failure counter.
 pub const EXPORT_FAILURES_NAME: &str = "omen.otlp.export_failures";
 
@@ -335,8 +337,8 @@ fn attributes(labels: &Labels) -> Vec<KeyValue> {
 
 /// OTLP instrument name of a `/metrics` gauge, or `None` when it cannot be one.
 pub fn otlp_gauge_name(name: &str) -> Option<String> {
-    if name == "kvcache_usage_ratio" {
-        return Some(KV_USAGE_NAME.to_owned());
+    if let Some(signal) = catalogue::find(name) {
+        return Some(signal.otlp_name.to_owned());
     }
     let mut out = String::with_capacity(name.len() + 5);
     out.push_str("omen.");
@@ -344,8 +346,11 @@ pub fn otlp_gauge_name(name: &str) -> Option<String> {
     (!name.is_empty() && out.len() <= MAX_NAME_LEN).then_some(out)
 }
 
-/// UCUM unit of a `/metrics` gauge, from its name.
+/// UCUM unit of a `/metrics` gauge: the catalogue's, else from its name's suffix.
 fn unit_for(name: &str) -> Option<&'static str> {
+    if let Some(signal) = catalogue::find(name) {
+        return signal.unit();
+    }
     if name.ends_with("_bytes") {
         Some("By")
     } else if name.ends_with("_seconds") {
@@ -393,8 +398,8 @@ impl LatencyHistograms {
                 continue;
             }
             let histogram = match obs.name {
-                "ttft_seconds" => &self.ttft,
-                "tpot_seconds" => &self.tpot,
+                n if n == catalogue::TTFT_SECONDS.name => &self.ttft,
+                n if n == catalogue::TPOT_SECONDS.name => &self.tpot,
                 _ => &self.e2e,
             };
             histogram.record(obs.seconds, &attributes(&obs.labels));

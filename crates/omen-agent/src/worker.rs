@@ -17,11 +17,8 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+pub use omen_protocol::worker::{Reply, Request, WORKER_BIN};
 use tracing::{info, warn};
-
-/// File name of the worker binary.
-pub const WORKER_BIN: &str = "omen-worker";
 
 /// Environment variable naming the worker binary (after `worker.path`, before the search).
 pub const WORKER_ENV: &str = "OMEN_WORKER";
@@ -32,75 +29,6 @@ pub const RESTART_AFTER: Duration = Duration::from_secs(10);
 
 /// Loading a model reads and checks its weights: allow more than one call's timeout.
 const LOAD_TIMEOUT_FACTOR: u32 = 4;
-
-/// One request to the worker.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Request {
-    /// Load an LSTM-AE model file (`omen train` writes it); replaces a loaded one.
-    LoadLstm {
-        /// Model file.
-        path: PathBuf,
-        /// libtorch threads.
-        threads: usize,
-    },
-    /// One health tick's raw row (the latest value of each source, in the model's order).
-    LstmTick {
-        /// Raw values, one per source.
-        raw: Vec<f64>,
-    },
-    /// Load the BERTScore model folder (all-MiniLM-L6-v2).
-    LoadBertscore {
-        /// Model folder.
-        dir: PathBuf,
-        /// libtorch threads.
-        threads: usize,
-    },
-    /// BERTScore F1 of an answer against its reference.
-    BertscoreF1 {
-        /// The canary's answer.
-        answer: String,
-        /// Its reference.
-        reference: String,
-    },
-}
-
-/// The worker's reply to one request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reply {
-    /// The LSTM-AE model is loaded.
-    LstmLoaded {
-        /// Source series names in raw-row order, e.g. `kvf_ratio{layer="0"}`.
-        sources: Vec<String>,
-        /// Window length, ticks.
-        window: usize,
-    },
-    /// The window is not full yet.
-    LstmFilling,
-    /// The window was scored.
-    LstmScored {
-        /// Mean squared reconstruction error.
-        error: f64,
-        /// Severity in [0, 1] (0.6 at the POT threshold).
-        severity: f64,
-    },
-    /// The BERTScore model is loaded.
-    BertscoreLoaded {
-        /// Encoder layers.
-        layers: usize,
-    },
-    /// BERTScore F1 in [0, 1].
-    BertscoreF1 {
-        /// F1.
-        f1: f64,
-    },
-    /// The request failed; the message names the input and the fix.
-    Error {
-        /// What went wrong.
-        message: String,
-    },
-}
 
 /// Errors of talking to the worker.
 #[derive(Debug, thiserror::Error)]
@@ -367,21 +295,31 @@ impl Worker {
     }
 }
 
+/// `omen train` and `omen evaluate` run in the model worker: `omen-worker` takes the same
+/// command line (`args` is it, from the subcommand on), and only it links libtorch.
+/// Returns the worker's exit code (it printed its own errors) for the caller to exit with.
+#[cfg(feature = "lstm")]
+pub fn run_in_worker(args: &[OsString]) -> anyhow::Result<u8> {
+    let status = run_command(args)?;
+    match status.code() {
+        Some(code) => Ok(u8::try_from(code).unwrap_or(1)),
+        None => anyhow::bail!("the model worker was killed ({status})"),
+    }
+}
+
+/// `omen train` / `omen evaluate` without the `lstm` feature: a clear error.
+#[cfg(not(feature = "lstm"))]
+pub fn run_in_worker(args: &[OsString]) -> anyhow::Result<u8> {
+    anyhow::bail!(
+        "omen {} needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features",
+        args.first().map(|a| a.to_string_lossy()).unwrap_or_default()
+    )
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn requests_and_replies_are_one_json_line_each() {
-        let r = Request::LstmTick { raw: vec![1.5, 2.0] };
-        let text = serde_json::to_string(&r).unwrap();
-        assert_eq!(text, r#"{"lstm_tick":{"raw":[1.5,2.0]}}"#);
-        assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);
-        let text = serde_json::to_string(&Reply::LstmFilling).unwrap();
-        assert_eq!(text, r#""lstm_filling""#);
-        let e = serde_json::to_string(&Reply::Error { message: "a\nb".into() }).unwrap();
-        assert!(!e.contains('\n'), "{e}");
-    }
 
     #[test]
     fn a_configured_program_wins() {

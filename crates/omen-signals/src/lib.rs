@@ -5,6 +5,7 @@
 //! same numbers. Definitions follow `shared/DESIGN.md` and `docs/signals.md`.
 
 pub mod bleu;
+pub mod catalogue;
 pub mod delta;
 pub mod htm_likelihood;
 pub mod kvf;

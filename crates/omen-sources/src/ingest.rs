@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use omen_signals::{
+    catalogue,
     first_token_entropy_bits, first_token_entropy_from_top_logprobs, fragmentation_from_bitmap,
     fragmentation_from_extents, Fragmentation,
 };
@@ -128,12 +129,12 @@ pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Samp
         }
         out.push(Sample {
             ts_ms,
-            signal: "kvcache_usage_ratio".into(),
+            signal: catalogue::KVCACHE_USAGE_RATIO.name.into(),
             labels: labels.clone(),
             value: usage,
         });
         if let Some(f) = fragmentation {
-            out.push(Sample { ts_ms, signal: "kvf_ratio".into(), labels, value: f.kvf_ratio });
+            out.push(Sample { ts_ms, signal: catalogue::KVF_RATIO.name.into(), labels, value: f.kvf_ratio });
         }
     }
     Ok(out)

@@ -2,6 +2,7 @@
 //! push-ingest payloads, server /metrics scrapes, canary probes and NVML.
 
 pub mod canary;
+pub mod clock;
 pub mod ingest;
 pub mod nsys;
 pub mod nvml;
@@ -9,9 +10,12 @@ pub mod openai_stream;
 pub mod sample;
 pub mod scrape;
 pub mod trace;
+pub mod trace_file;
 
+pub use clock::now_ms;
 pub use canary::{error_chain, probe, Canary, CanaryError, CanaryResult, CanaryTarget};
 pub use nvml::{GpuSampler, NvmlError};
 pub use sample::{Sample, SeriesKey};
 pub use scrape::{ScrapeError, Scraper, ServerKind};
 pub use trace::{read_jsonl_trace, TraceError};
+pub use trace_file::{TraceBatch, TraceFileError};

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use omen_signals::fragmentation_from_extents;
+use omen_signals::{catalogue, fragmentation_from_extents};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::Sample;
@@ -97,13 +97,13 @@ pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysErr
             let gpu = d.to_string();
             out.push(Sample {
                 ts_ms: bucket_ts,
-                signal: "kvf_ratio".into(),
+                signal: catalogue::KVF_RATIO.name.into(),
                 labels: [("gpu".to_owned(), gpu.clone()), ("layer".to_owned(), "arena".to_owned())].into(),
                 value: f.kvf_ratio,
             });
             out.push(Sample {
                 ts_ms: bucket_ts,
-                signal: "arena_used_bytes".into(),
+                signal: catalogue::ARENA_USED_BYTES.name.into(),
                 labels: [("gpu".to_owned(), gpu)].into(),
                 value: used as f64,
             });

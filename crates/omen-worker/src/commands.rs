@@ -1,5 +1,5 @@
 //! `omen-worker train` and `omen-worker evaluate` (what `omen train` / `omen evaluate`
-//! run): fit and judge the LSTM autoencoder on data that omen_agent::model_cli loads.
+//! run): fit and judge the LSTM autoencoder on data that omen_protocol::training loads.
 
 use std::io::IsTerminal;
 
@@ -10,7 +10,7 @@ use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
 use omen_model::nab::{self, NabCorpus, PROFILES};
 
-use omen_agent::model_cli::{load_labels, load_table, EvaluateArgs, TrainArgs};
+use omen_protocol::training::{load_labels, load_table, EvaluateArgs, TrainArgs};
 
 /// Mean seconds to score one window (batch of one), over `n` runs.
 fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> {

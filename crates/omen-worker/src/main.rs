@@ -2,7 +2,7 @@
 //! agent never links libtorch (whose load alone costs about 130 MB of RSS).
 //!
 //! - `omen-worker serve`: the agent starts it when a model is configured and sends it
-//!   JSON-line requests on stdin (omen_agent::worker); replies go to stdout, logs to stderr.
+//!   JSON-line requests on stdin (omen_protocol::worker); replies go to stdout, logs to stderr.
 //! - `omen-worker train ...` / `omen-worker evaluate ...`: what `omen train` and
 //!   `omen evaluate` run, with the same arguments.
 
@@ -29,16 +29,23 @@ enum Command {
     /// Serve the agent's model requests: JSON lines on stdin, replies on stdout.
     Serve,
     /// Train the LSTM autoencoder on normal data (CSV, JSONL trace or store) and write the model file.
-    Train(omen_agent::model_cli::TrainArgs),
+    Train(omen_protocol::training::TrainArgs),
     /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
-    Evaluate(omen_agent::model_cli::EvaluateArgs),
+    Evaluate(omen_protocol::training::EvaluateArgs),
+}
+
+/// Logs to stderr (the agent's log, since the agent passes its stderr on); `RUST_LOG`
+/// overrides the default `info` level.
+fn logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve => {
-            omen_agent::logging();
+            logging();
             serve::serve(std::io::stdin().lock(), std::io::stdout().lock())
         }
         Command::Train(args) => commands::train(&args),

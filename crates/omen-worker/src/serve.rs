@@ -1,12 +1,12 @@
 //! `omen-worker serve`: one request per stdin line, one reply per stdout line, in order
-//! (the protocol is omen_agent::worker's). A request that fails gets an `error` reply and
+//! (the protocol is omen_protocol::worker's). A request that fails gets an `error` reply and
 //! the worker goes on; end of input (the agent exited) ends it.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 
 use anyhow::{Context, Result};
-use omen_agent::worker::{Reply, Request};
+use omen_protocol::worker::{Reply, Request};
 use omen_model::bertscore::BertScorer;
 use omen_model::features::FeatureBuilder;
 use omen_model::lstm_ae::{self, LstmAutoencoder};

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::engine::{AlertEvent, Level};
+use omen_agent::config::Config;
+use omen_signals::DAY_MS;
+use omen_agent::engine::{AlertEvent, Level};
 use crate::simulate::{simulate, FaultKind, Labels, Scenario};
 
-const DAY_MS: f64 = 86_400_000.0;
 
 /// Targets the report checks.
 pub const TARGET_LEAD_DAYS: f64 = 14.0;
@@ -156,7 +156,7 @@ pub fn evaluate_one(cfg: &Config, scenario: &Scenario, work: &Path) -> Result<Sc
 
 /// Scores the alert transitions of a replay against the labels.
 pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> ScenarioResult {
-    let days = (labels.last_ts_ms - labels.first_ts_ms) as f64 / DAY_MS;
+    let days = (labels.last_ts_ms - labels.first_ts_ms) as f64 / DAY_MS as f64;
     let onset = labels.onset_ts_ms.unwrap_or(i64::MAX);
     let forecast_alert = labels.slo.as_ref().map(|s| format!("forecast:{s}"));
     let first_warning = events
@@ -165,7 +165,7 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
     let first_warning_ts_ms = first_warning.map(|e| e.ts_ms);
     let warned_days_to_breach = first_warning.and_then(|e| e.days_to_breach);
     let lead_days = match (first_warning_ts_ms, labels.breach_ts_ms) {
-        (Some(w), Some(b)) if w < b => Some((b - w) as f64 / DAY_MS),
+        (Some(w), Some(b)) if w < b => Some((b - w) as f64 / DAY_MS as f64),
         _ => None,
     };
     let detection_minutes = (labels.abrupt)
@@ -174,7 +174,7 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
         .map(|e| (e.ts_ms - onset) as f64 / 60_000.0);
     let false_alarms = alarm_episodes(events.iter().filter(|e| e.ts_ms < onset));
     let clean_days =
-        if labels.onset_ts_ms.is_some() { (onset - labels.first_ts_ms) as f64 / DAY_MS } else { days };
+        if labels.onset_ts_ms.is_some() { (onset - labels.first_ts_ms) as f64 / DAY_MS as f64 } else { days };
     ScenarioResult {
         scenario: scenario.name.clone(),
         seed: scenario.seed,

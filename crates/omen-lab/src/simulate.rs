@@ -17,10 +17,10 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Direction, SloIndicator};
-use crate::engine::IndicatorDefinition;
+use omen_agent::config::{Direction, SloIndicator};
+use omen_signals::DAY_MS;
+use omen_agent::engine::IndicatorDefinition;
 
-const DAY_MS: i64 = 86_400_000;
 
 /// Errors of reading a scenario or writing its output.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +205,7 @@ impl Scenario {
             message,
         };
         let s: Scenario =
-            crate::config::from_yaml_at_path(text).map_err(|(field, message)| invalid(field, message))?;
+            omen_agent::config::from_yaml_at_path(text).map_err(|(field, message)| invalid(field, message))?;
         if s.name.is_empty() || !s.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
             return Err(invalid("name".into(), format!("{:?}: use letters, digits, - and _", s.name)));
         }
@@ -536,9 +536,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Scenario::from_yaml("name: t\ndays: 1\nstep: 1h\n", "(test)").unwrap();
         let labels = simulate(&s, dir.path()).unwrap();
-        let back: Vec<_> = crate::trace_file::batches(&dir.path().join("trace.jsonl.gz"))
+        let back: Vec<_> = omen_sources::trace_file::batches(&dir.path().join("trace.jsonl.gz"))
             .unwrap()
-            .collect::<anyhow::Result<Vec<_>>>()
+            .collect::<Result<Vec<_>, _>>()
             .unwrap();
         assert_eq!(back.len(), 24);
         assert_eq!(back.iter().map(Vec::len).sum::<usize>(), labels.samples);

@@ -4,7 +4,8 @@
 //! carried forward), the same rows the agent builds at each health tick.
 //!
 //! The commands themselves run in the model worker (crates/omen-worker), which links
-//! libtorch; this module holds their arguments and data loading, which need no libtorch.
+//! libtorch; `omen` parses the same arguments for its help and errors, then hands the
+//! command line to the worker.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -14,7 +15,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use omen_sources::Sample;
 
-use crate::engine::DERIVED;
+use omen_signals::catalogue;
+use omen_store::{Resolution, Store};
 
 /// Where the rows come from and which columns to use.
 #[derive(Debug, Clone, clap::Args)]
@@ -158,7 +160,7 @@ pub fn load_table(args: &DataArgs) -> Result<Table> {
         pivot(store_samples(path, args.step)?, args.step, &args.columns, path)?
     } else {
         let mut samples = Vec::new();
-        for batch in crate::trace_file::batches(path)? {
+        for batch in omen_sources::trace_file::batches(path)? {
             samples.extend(batch?);
         }
         pivot(samples, args.step, &args.columns, path)?
@@ -225,14 +227,14 @@ fn read_csv(path: &Path, columns: &[String]) -> Result<Table> {
 
 /// Samples of the store, as per-step means of raw samples (derived signals left out).
 fn store_samples(path: &Path, step: Duration) -> Result<Vec<Sample>> {
-    let store = crate::store::Store::open(path)?;
+    let store = Store::open(path)?;
     let (Some(from), Some(until)) = (store.earliest_ts()?, store.latest_ts()?) else {
         bail!("{}: the store has no raw samples; run the agent longer or give a trace", path.display());
     };
     let step_ms = (step.as_millis() as i64).max(1);
     let mut out = Vec::new();
     for signal in store.signals()? {
-        if DERIVED.contains(&signal.as_str()) {
+        if catalogue::is_derived(&signal) {
             continue;
         }
         let range = store.range(
@@ -241,7 +243,7 @@ fn store_samples(path: &Path, step: Duration) -> Result<Vec<Sample>> {
             from,
             until + 1,
             step_ms,
-            crate::store::Resolution::Raw,
+            Resolution::Raw,
         )?;
         for series in range {
             for (ts_ms, value) in series.points {
@@ -264,7 +266,7 @@ pub fn pivot(samples: Vec<Sample>, step: Duration, columns: &[String], path: &Pa
     let step_ms = (step.as_millis() as i64).max(1);
     let mut by_series: BTreeMap<String, BTreeMap<i64, f64>> = BTreeMap::new();
     for s in samples {
-        if DERIVED.contains(&s.signal.as_str()) {
+        if catalogue::is_derived(&s.signal) {
             continue;
         }
         let key = s.series_key().to_string();
@@ -327,27 +329,6 @@ pub fn load_labels(labels: &Path, data: &Path) -> Result<Vec<(String, String)>> 
         }
         _ => bail!("{}: give NAB's combined_windows.json or a list of [start, end]", labels.display()),
     }
-}
-
-/// `omen train` and `omen evaluate` run in the model worker: `omen-worker` takes the same
-/// command line (`args` is it, from the subcommand on), and only it links libtorch.
-/// Returns the worker's exit code (it printed its own errors) for the caller to exit with.
-#[cfg(feature = "lstm")]
-pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<u8> {
-    let status = crate::worker::run_command(args)?;
-    match status.code() {
-        Some(code) => Ok(u8::try_from(code).unwrap_or(1)),
-        None => bail!("the model worker was killed ({status})"),
-    }
-}
-
-/// `omen train` / `omen evaluate` without the `lstm` feature: a clear error.
-#[cfg(not(feature = "lstm"))]
-pub fn run_in_worker(args: &[std::ffi::OsString]) -> Result<u8> {
-    bail!(
-        "omen {} needs the LSTM autoencoder, and this omen was built without the `lstm` feature; build it with default features",
-        args.first().map(|a| a.to_string_lossy()).unwrap_or_default()
-    )
 }
 
 #[cfg(test)]

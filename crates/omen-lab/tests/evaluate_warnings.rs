@@ -3,7 +3,7 @@
 //! replayed through the real pipeline, scored against the targets.
 
 use omen_agent::config::Config;
-use omen_agent::evaluate_warnings::{
+use omen_lab::evaluate_warnings::{
     evaluate, table, EvaluateOptions, TARGET_DETECTION_MINUTES, TARGET_FALSE_ALARMS_PER_WEEK,
     TARGET_LEAD_DAYS,
 };
@@ -107,7 +107,7 @@ fn several_seeds_give_a_lead_distribution_and_parallel_runs_match_serial_ones() 
 
     // Replays are independent: three at once give what one at a time gives.
     let serial = run(1, "serial");
-    let key = |r: &omen_agent::evaluate_warnings::Report| {
+    let key = |r: &omen_lab::evaluate_warnings::Report| {
         r.scenarios.iter().map(|s| (s.seed, s.lead_days, s.false_alarms, s.events.len())).collect::<Vec<_>>()
     };
     assert_eq!(key(&parallel), key(&serial));

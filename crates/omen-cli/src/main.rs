@@ -3,7 +3,11 @@
 //! pipeline offline and writes a report; `omen bench` load-tests an endpoint,
 //! `omen compare` compares two bench reports, `omen simulate` writes a labelled
 //! scenario trace and `omen evaluate-warnings` scores the warnings on a set of them;
-//! `omen train` / `omen evaluate` fit and judge the LSTM autoencoder (model_cli.rs).
+//! `omen train` / `omen evaluate` fit and judge the LSTM autoencoder in the model worker.
+//!
+//! The daemon is omen-agent; `replay`, `simulate` and `evaluate-warnings` come from
+//! omen-lab (feature `lab`), `bench` and `compare` from omen-bench (feature `bench`). The
+//! sidecar image builds without those two features, so it links neither.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +37,7 @@ enum Command {
         /// Config file (YAML).
         config: PathBuf,
     },
+    #[cfg(feature = "lab")]
     /// Replay a JSONL trace through the pipeline offline and write report.json and report.svg.
     Replay {
         /// JSONL trace (plain or .gz).
@@ -44,6 +49,7 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    #[cfg(feature = "bench")]
     /// Load-test an OpenAI-compatible endpoint with a dialogue workflow and write a JSON report.
     Bench {
         /// Workflow file (YAML), e.g. deploy/workflows/chat.yaml.
@@ -71,6 +77,7 @@ enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    #[cfg(feature = "bench")]
     /// Compare two bench reports: Delta-Metric, bootstrap interval and verdict per metric.
     Compare {
         /// Baseline report.
@@ -93,6 +100,7 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         min_effect: f64,
     },
+    #[cfg(feature = "lab")]
     /// Simulate a degradation scenario: write DIR/trace.jsonl.gz and DIR/labels.json.
     Simulate {
         /// Scenario file (YAML, see deploy/scenarios/).
@@ -102,9 +110,10 @@ enum Command {
         out: PathBuf,
     },
     /// Train the LSTM autoencoder on normal data (CSV, JSONL trace or store) and write the model file.
-    Train(omen_agent::model_cli::TrainArgs),
+    Train(omen_protocol::training::TrainArgs),
     /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
-    Evaluate(omen_agent::model_cli::EvaluateArgs),
+    Evaluate(omen_protocol::training::EvaluateArgs),
+    #[cfg(feature = "lab")]
     /// Simulate every scenario in a folder, replay each through the pipeline and score the warnings.
     EvaluateWarnings {
         /// Folder of scenario files (*.yaml).
@@ -135,12 +144,13 @@ fn load_config(path: &std::path::Path) -> Result<Config> {
     })
 }
 
+#[cfg(feature = "bench")]
 fn bench(
     workflow: &std::path::Path,
-    opts: &omen_agent::loadgen::BenchOptions,
+    opts: &omen_bench::loadgen::BenchOptions,
     out: &std::path::Path,
 ) -> Result<()> {
-    use omen_agent::loadgen;
+    use omen_bench::loadgen;
     let wf = loadgen::workflow::Workflow::load(workflow)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -155,13 +165,14 @@ fn bench(
     Ok(())
 }
 
+#[cfg(feature = "bench")]
 fn compare(
     a: &std::path::Path,
     b: &std::path::Path,
     json: Option<&std::path::Path>,
-    opts: omen_agent::compare::CompareOptions,
+    opts: omen_bench::compare::CompareOptions,
 ) -> Result<()> {
-    use omen_agent::compare;
+    use omen_bench::compare;
     let (la, lb) = (compare::load(a)?, compare::load(b)?);
     let metrics = compare::compare(&la, &lb, opts)?;
     print!("{}", compare::table(&metrics, opts.confidence));
@@ -180,9 +191,10 @@ fn compare(
     Ok(())
 }
 
+#[cfg(feature = "lab")]
 fn simulate(scenario: &std::path::Path, out: &std::path::Path) -> Result<()> {
-    let scenario = omen_agent::simulate::Scenario::load(scenario)?;
-    let labels = omen_agent::simulate::simulate(&scenario, out)?;
+    let scenario = omen_lab::simulate::Scenario::load(scenario)?;
+    let labels = omen_lab::simulate::simulate(&scenario, out)?;
     println!(
         "simulated {} ({:?}): {} samples; onset {}, breach of {} {}; wrote {} and {}",
         labels.scenario,
@@ -197,16 +209,17 @@ fn simulate(scenario: &std::path::Path, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "lab")]
 fn evaluate_warnings(
     cfg: &Config,
     scenarios: &std::path::Path,
     out: &std::path::Path,
     work: Option<PathBuf>,
-    options: omen_agent::evaluate_warnings::EvaluateOptions,
+    options: omen_lab::evaluate_warnings::EvaluateOptions,
 ) -> Result<()> {
     let work = work.unwrap_or_else(|| out.with_extension("work"));
-    let report = omen_agent::evaluate_warnings::evaluate(cfg, scenarios, &work, options)?;
-    print!("{}", omen_agent::evaluate_warnings::table(&report));
+    let report = omen_lab::evaluate_warnings::evaluate(cfg, scenarios, &work, options)?;
+    print!("{}", omen_lab::evaluate_warnings::table(&report));
     std::fs::write(out, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("cannot write the report {}", out.display()))?;
     println!("wrote {} (traces and stores under {})", out.display(), work.display());
@@ -236,15 +249,17 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
+        #[cfg(feature = "lab")]
         Command::Replay { trace, out, config } => {
             let cfg = match config {
                 Some(path) => load_config(&path),
                 None => Ok(Config::default()),
             };
-            cfg.and_then(|cfg| omen_agent::replay::replay(cfg, &trace, &out))
+            cfg.and_then(|cfg| omen_lab::replay::replay(cfg, &trace, &out))
         }
+        #[cfg(feature = "bench")]
         Command::Bench { workflow, endpoint, out, model, api_key, max_requests, duration, no_progress } => {
-            let opts = omen_agent::loadgen::BenchOptions {
+            let opts = omen_bench::loadgen::BenchOptions {
                 endpoint,
                 model,
                 api_key,
@@ -254,19 +269,22 @@ fn main() -> ExitCode {
             };
             bench(&workflow, &opts, &out)
         }
+        #[cfg(feature = "bench")]
         Command::Compare { a, b, json, confidence, resamples, seed, min_effect } => {
-            let opts = omen_agent::compare::CompareOptions { confidence, resamples, seed, min_effect };
+            let opts = omen_bench::compare::CompareOptions { confidence, resamples, seed, min_effect };
             compare(&a, &b, json.as_deref(), opts)
         }
+        #[cfg(feature = "lab")]
         Command::Simulate { scenario, out } => simulate(&scenario, &out),
         // Parsed here for --help and errors; run by the model worker, which takes the same line.
         Command::Train(_) | Command::Evaluate(_) => {
             let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            match omen_agent::model_cli::run_in_worker(&args) {
+            match omen_agent::worker::run_in_worker(&args) {
                 Ok(code) => return ExitCode::from(code),
                 Err(e) => Err(e),
             }
         }
+        #[cfg(feature = "lab")]
         Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs } => {
             // A full evaluation takes minutes: each finished run is logged to stderr.
             omen_agent::logging();
@@ -274,7 +292,7 @@ fn main() -> ExitCode {
                 Some(path) => load_config(&path),
                 None => Ok(Config::default()),
             };
-            let options = omen_agent::evaluate_warnings::EvaluateOptions {
+            let options = omen_lab::evaluate_warnings::EvaluateOptions {
                 seeds: seeds as usize,
                 jobs: jobs.map_or_else(
                     || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),

@@ -10,7 +10,7 @@ use omen_agent::config::Config;
 use omen_agent::run::Agent;
 use serde_json::json;
 
-#[path = "support/tiny_model.rs"]
+#[path = "../../omen-agent/tests/support/tiny_model.rs"]
 mod tiny_model;
 
 use tiny_model::value;

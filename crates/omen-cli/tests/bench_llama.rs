@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "../../omen-agent/tests/support/mod.rs"]
 mod support;
 
 use support::Server;

@@ -9,11 +9,10 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::engine::{AlertEvent, Engine, HealthSummary, Level};
-use crate::metrics::LiveMetrics;
-use crate::store::{Resolution, Store};
-use crate::trace_file;
+use omen_agent::config::Config;
+use omen_agent::engine::{AlertEvent, Engine, HealthSummary, Level};
+use omen_agent::metrics::LiveMetrics;
+use omen_store::{Resolution, Store};
 
 /// The replay report (report.json).
 #[derive(Debug, Serialize)]
@@ -82,7 +81,7 @@ pub fn replay_into(cfg: Arc<Config>, trace: &Path, db: &Path) -> Result<ReplayRe
     let (mut samples, mut first, mut last) = (0usize, i64::MAX, i64::MIN);
     let mut timeline = Vec::new();
     let mut last_tick = None;
-    for batch in trace_file::batches(trace)? {
+    for batch in omen_sources::trace_file::batches(trace)? {
         let batch = batch?;
         samples += batch.len();
         first = first.min(batch[0].ts_ms);

@@ -17,13 +17,15 @@
 //! `--allow-non-loopback` is given.
 //!
 //! ```text
-//! cargo run --release -p omen-agent --example push_load -- --url http://127.0.0.1:9464 --seconds 60
+//! cargo run --release -p omen-bench --bin omen-push-load -- --url http://127.0.0.1:9464 --seconds 60
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use omen_sources::now_ms;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -119,10 +121,6 @@ fn base64(bytes: &[u8]) -> String {
         out.push(if chunk.len() > 2 { T[n as usize & 63] as char } else { '=' });
     }
     out
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------- KV block pool simulation

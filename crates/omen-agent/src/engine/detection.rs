@@ -1,0 +1,254 @@
+//! Per-series detection: each series' window anomaly score, the onset of a suspected
+//! change, and the debounced risk that the health score ranks.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Result;
+use omen_signals::WindowAnomaly;
+use omen_sources::Sample;
+
+use super::ingest::Batch;
+use super::{to_labels, Contributor, Engine};
+use crate::config::SignalsConfig;
+use crate::metrics::{GaugeHandle, LiveMetrics};
+use omen_store::SeriesId;
+
+/// A series stops counting towards health (and as a model input) when it has been silent this long.
+const STALE_MS: i64 = 15 * 60_000;
+
+/// A sample counts as still away from the old normal beyond this many of its sigmas.
+const HOLD_SIGMAS: f64 = 3.0;
+
+/// How many contributors a health summary names.
+const MAX_CONTRIBUTORS: usize = 10;
+
+/// A suspected change: where the series stood before it, and whether it held.
+#[derive(Debug, Clone, Copy)]
+struct Onset {
+    ts_ms: i64,
+    /// Window mean and std just before the onset: the old normal.
+    mean: f64,
+    std: f64,
+    /// +1 above the old normal, -1 below.
+    direction: f64,
+    risk: f64,
+    /// Samples after the onset that stayed away from the old normal.
+    held: usize,
+}
+
+/// One scored series: its window, its onset, its live gauges and its store ids.
+pub(super) struct SeriesState {
+    scorer: WindowAnomaly,
+    onset: Option<Onset>,
+    /// Time of the last raw sample stored (decimation).
+    last_raw_ms: Option<i64>,
+    last_anomaly_raw_ms: Option<i64>,
+    last_score: f64,
+    /// Latest value, read by the model as its input.
+    pub(super) last_value: f64,
+    last_ts: i64,
+    /// Live gauge of the series' value and of its anomaly score (None past the series limit).
+    value_gauge: Option<GaugeHandle>,
+    anomaly_gauge: Option<GaugeHandle>,
+    /// The series' labels plus `signal`: the labels of its anomaly score.
+    anomaly_labels: BTreeMap<String, String>,
+    /// Store ids of the series and of its anomaly score, once the store has them (ingest.rs).
+    pub(super) store_id: Option<SeriesId>,
+    pub(super) anomaly_store_id: Option<SeriesId>,
+}
+
+/// Scored series by signal, then labels: looked up by reference, without building a key.
+pub(super) type SeriesMap = HashMap<String, HashMap<BTreeMap<String, String>, SeriesState>>;
+
+impl SeriesState {
+    /// A series first seen with sample `s`, its window `window` samples long.
+    fn new(s: &Sample, window: usize, live: &LiveMetrics) -> Self {
+        let mut anomaly_labels = s.labels.clone();
+        anomaly_labels.insert("signal".into(), s.signal.clone());
+        Self {
+            scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
+            onset: None,
+            last_raw_ms: None,
+            last_anomaly_raw_ms: None,
+            last_score: 0.0,
+            last_value: s.value,
+            last_ts: s.ts_ms,
+            value_gauge: live.gauge_handle(&s.signal, to_labels(&s.labels), s.value),
+            anomaly_gauge: None,
+            anomaly_labels,
+            store_id: None,
+            anomaly_store_id: None,
+        }
+    }
+
+    /// Whether the series has been heard from within `STALE_MS` of `now_ms`.
+    pub(super) fn is_fresh(&self, now_ms: i64) -> bool {
+        now_ms - self.last_ts <= STALE_MS
+    }
+}
+
+impl Engine {
+    /// Publishes and scores `s`, the `i`th sample of the batch, in its series' window, and
+    /// adds to `batch` whether to keep it raw and, once the window is full, its anomaly score.
+    /// Fails only on a non-finite value, which every source rejects before.
+    pub(super) fn score_sample(&mut self, i: usize, s: &Sample, batch: &mut Batch) -> Result<()> {
+        let window = self.cfg.signals.window;
+        let state = match self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
+            Some(state) => state,
+            None => {
+                let state = SeriesState::new(s, window, &self.live);
+                let family = match self.series.get_mut(&s.signal) {
+                    Some(f) => f,
+                    None => self.series.entry(s.signal.clone()).or_default(),
+                };
+                family.entry(s.labels.clone()).or_insert(state)
+            }
+        };
+        match &state.value_gauge {
+            Some(g) => g.set(s.value),
+            // Past the series limit: set_gauge counts the shed sample.
+            None => self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value),
+        }
+        state.last_value = s.value;
+        state.last_ts = s.ts_ms;
+        batch.push(batch.keep(&mut state.last_raw_ms, s.ts_ms), state.store_id);
+        // Values were validated as finite by every source; a failure here is a bug upstream.
+        if let Some(score) = state.scorer.push(s.value)? {
+            state.last_score = score.score;
+            track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &score);
+            match &state.anomaly_gauge {
+                Some(g) => g.set(score.score),
+                None => {
+                    state.anomaly_gauge =
+                        self.live.gauge_handle("anomaly_score", to_labels(&state.anomaly_labels), score.score)
+                }
+            }
+            let keep_score = batch.keep(&mut state.last_anomaly_raw_ms, s.ts_ms);
+            let anomaly = Sample {
+                ts_ms: s.ts_ms,
+                signal: "anomaly_score".into(),
+                labels: state.anomaly_labels.clone(),
+                value: score.score,
+            };
+            batch.push_anomaly(anomaly, keep_score, state.anomaly_store_id, i);
+        }
+        Ok(())
+    }
+
+    /// Risk of a series: that of its onset once the change has held for `persistence` samples.
+    fn risk_of(&self, state: &SeriesState) -> f64 {
+        match state.onset {
+            Some(o) if o.held + 1 >= self.cfg.signals.persistence => o.risk,
+            _ => 0.0,
+        }
+    }
+
+    /// The fresh series at risk at `now_ms`, riskiest first (ties by signal), at most
+    /// `MAX_CONTRIBUTORS`.
+    pub(super) fn contributors(&self, now_ms: i64) -> Vec<Contributor> {
+        let mut contributors: Vec<Contributor> = self
+            .series
+            .iter()
+            .flat_map(|(signal, family)| family.iter().map(move |(labels, st)| (signal, labels, st)))
+            .filter(|(_, _, st)| st.is_fresh(now_ms))
+            .map(|(signal, labels, st)| Contributor {
+                signal: signal.clone(),
+                labels: labels.clone(),
+                risk: self.risk_of(st),
+                anomaly_score: st.last_score,
+                value: st.last_value,
+            })
+            .filter(|c| c.risk > 0.0)
+            .collect();
+        contributors.sort_by(|a, b| b.risk.total_cmp(&a.risk).then_with(|| a.signal.cmp(&b.signal)));
+        contributors.truncate(MAX_CONTRIBUTORS);
+        contributors
+    }
+}
+
+/// Risk in [0, 1] of one window score.
+fn score_risk(signals: &SignalsConfig, score: f64) -> f64 {
+    ((score - signals.anomaly_normal) / (signals.anomaly_full - signals.anomaly_normal)).clamp(0.0, 1.0)
+}
+
+/// Follows a suspected change. A window score alone fades as the window absorbs a
+/// level shift, so a change is judged against the window it broke away from: it
+/// counts once `persistence` samples in a row stay beyond 3 sigma of that old
+/// normal (a lone spike does not), and is released when values return or after `latch`.
+fn track_onset(
+    state: &mut SeriesState,
+    signals: &SignalsConfig,
+    ts_ms: i64,
+    x: f64,
+    score: &omen_signals::WindowScore,
+) {
+    let risk = score_risk(signals, score.score);
+    if let Some(o) = state.onset.as_mut() {
+        let away = (x - o.mean) * o.direction > HOLD_SIGMAS * (o.std + omen_signals::STD_EPSILON);
+        let expired = ts_ms - o.ts_ms > signals.latch.as_millis() as i64;
+        if away && !expired {
+            o.held += 1;
+            o.risk = o.risk.max(risk);
+            return;
+        }
+        state.onset = None;
+    }
+    if risk > 0.0 {
+        state.onset = Some(Onset {
+            ts_ms,
+            mean: score.mean,
+            std: score.std,
+            direction: if x >= score.mean { 1.0 } else { -1.0 },
+            risk,
+            held: 0,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::engine;
+    use super::super::Level;
+    use omen_sources::Sample;
+
+    fn kvf(ts_ms: i64, value: f64) -> Sample {
+        Sample {
+            ts_ms,
+            signal: "kvf_ratio".into(),
+            labels: [("layer".to_owned(), "0".to_owned())].into(),
+            value,
+        }
+    }
+
+    #[test]
+    fn sustained_anomaly_raises_health_and_names_the_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "signals: {window: 20, persistence: 3}\n");
+        let t0 = 1_793_577_600_000;
+        for i in 0..60 {
+            e.process(vec![kvf(t0 + i * 10_000, 1.2 + 0.01 * ((i * 7) % 5) as f64)]).unwrap();
+        }
+        let calm = e.tick(t0 + 600_000).unwrap();
+        assert_eq!(calm.level, Level::Ok, "{calm:?}");
+        for i in 60..64 {
+            e.process(vec![kvf(t0 + i * 10_000, 3.5)]).unwrap();
+        }
+        let s = e.tick(t0 + 640_000).unwrap();
+        assert!(s.health_score >= 0.8, "{s:?}");
+        assert_eq!(s.level, Level::Critical);
+        assert_eq!(s.contributors[0].signal, "kvf_ratio");
+        assert!(e.events().iter().any(|ev| ev.alert == "health" && ev.level == Level::Critical));
+    }
+
+    #[test]
+    fn single_spike_is_debounced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "signals: {window: 20, persistence: 3}\n");
+        let t0 = 1_793_577_600_000;
+        for i in 0..40 {
+            let v = if i == 30 { 50.0 } else { 1.0 + 0.01 * (i % 3) as f64 };
+            e.process(vec![kvf(t0 + i * 10_000, v)]).unwrap();
+        }
+        assert_eq!(e.tick(t0 + 31 * 10_000).unwrap().level, Level::Ok);
+    }
+}

@@ -1,0 +1,367 @@
+//! SLO forecasts: each indicator's daily values (the worst of a trailing window of days),
+//! a Theil-Sen trend on the SLO's scale, the days until it crosses the threshold, and the
+//! early warnings those give; plus the indicator definitions the simulator shares.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use omen_signals::{days_to_breach, theil_sen, trailing_worst, BreachDirection};
+use omen_sources::Sample;
+use serde::Serialize;
+
+use super::{to_labels, AlertEvent, Engine, Level};
+use crate::config::{Direction, SloConfig, SloIndicator, TrendScale};
+use omen_store::DAY_MS;
+
+/// Forecast of one SLO.
+#[derive(Debug, Clone, Serialize)]
+pub struct SloForecast {
+    /// SLO name.
+    pub slo: String,
+    /// Threshold.
+    pub threshold: f64,
+    /// Days of data the trend used.
+    pub days: usize,
+    /// Latest point the trend used: the worst daily value of the last `worst_of_days` days.
+    pub latest: Option<f64>,
+    /// Trend slope per day, in the indicator's units (linear scale), ln units (log scale) or
+    /// 1/units (reciprocal scale: negative while the indicator rises).
+    pub slope_per_day: Option<f64>,
+    /// The scale the trend was fitted on.
+    pub scale: TrendScale,
+    /// Days until breach (None: not forecast to breach).
+    pub days_to_breach: Option<f64>,
+    /// Far end of the interval.
+    pub days_to_breach_upper: Option<f64>,
+    /// Early warning: breach and the interval's far end within the horizon.
+    pub early_warning: bool,
+}
+
+impl Engine {
+    /// The forecast of every configured SLO from the complete days before `now_ms`.
+    pub(super) fn forecasts(&self, now_ms: i64) -> Result<Vec<SloForecast>> {
+        let f = &self.cfg.forecast;
+        let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
+        let worst_of = f.worst_of_days.max(1);
+        // Earlier days feed the first trailing windows, so the trend still spans lookback_days.
+        let from = today - (f.lookback_days + worst_of - 1) as i64 * DAY_MS;
+        let mut out = Vec::new();
+        for slo in &f.slos {
+            let direction = match slo.direction {
+                Direction::Above => BreachDirection::Above,
+                Direction::Below => BreachDirection::Below,
+            };
+            let raw = self.daily_indicator(slo, from, today)?;
+            let y_raw: Vec<f64> = raw.iter().map(|d| d.1).collect();
+            let daily: Vec<(f64, f64)> = raw[raw.len().min(worst_of - 1)..]
+                .iter()
+                .map(|d| d.0)
+                .zip(trailing_worst(&y_raw, worst_of, direction))
+                .collect();
+            let scale = slo.trend_scale();
+            let mut fc = SloForecast {
+                slo: slo.name.clone(),
+                threshold: slo.threshold,
+                days: daily.len(),
+                latest: daily.last().map(|d| d.1),
+                slope_per_day: None,
+                scale,
+                days_to_breach: None,
+                days_to_breach_upper: None,
+                early_warning: false,
+            };
+            // On a log or reciprocal scale, non-positive days (a latency of 0 is a broken probe)
+            // are left out; 1/x falls as x rises, so on the reciprocal scale the breach
+            // direction flips.
+            let points: Vec<(f64, f64)> = daily
+                .into_iter()
+                .filter(|d| scale == TrendScale::Linear || d.1 > 0.0)
+                .map(|(x, y)| (x, scale.apply(y)))
+                .collect();
+            let threshold = scale.apply(slo.threshold);
+            let direction = if scale == TrendScale::Reciprocal { direction.flipped() } else { direction };
+            if points.len() >= f.min_days {
+                let x: Vec<f64> = points.iter().map(|d| d.0).collect();
+                let y: Vec<f64> = points.iter().map(|d| d.1).collect();
+                if let Ok(fit) = theil_sen(&x, &y, f.confidence) {
+                    let b = days_to_breach(&fit, now_ms as f64 / DAY_MS as f64, threshold, direction);
+                    fc.slope_per_day = Some(fit.slope);
+                    fc.days_to_breach = b.days_to_breach;
+                    fc.days_to_breach_upper = b.latest_days;
+                    fc.early_warning = b.early_warning(f.horizon_days);
+                }
+            }
+            out.push(fc);
+        }
+        Ok(out)
+    }
+
+    /// Publishes each forecast's days to breach (withdrawn when not forecast), adds them to
+    /// the tick's samples, and records an alert event when an SLO's early warning changes.
+    pub(super) fn publish_forecasts(
+        &mut self,
+        now_ms: i64,
+        forecasts: &[SloForecast],
+        out: &mut Vec<Sample>,
+    ) {
+        for f in forecasts {
+            let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();
+            for (name, value) in [
+                ("forecast_days_to_breach", f.days_to_breach),
+                ("forecast_days_to_breach_upper", f.days_to_breach_upper),
+            ] {
+                match value {
+                    Some(v) => {
+                        self.live.set_gauge(name, to_labels(&labels), v);
+                        out.push(Sample {
+                            ts_ms: now_ms,
+                            signal: name.into(),
+                            labels: labels.clone(),
+                            value: v,
+                        });
+                    }
+                    None => self.live.remove_gauge(name, &to_labels(&labels)),
+                }
+            }
+            let was = self.warnings.insert(f.slo.clone(), f.early_warning).unwrap_or(false);
+            if was != f.early_warning {
+                self.events.push(AlertEvent {
+                    ts_ms: now_ms,
+                    alert: format!("forecast:{}", f.slo),
+                    level: if f.early_warning { Level::Warning } else { Level::Ok },
+                    reason: match f.days_to_breach {
+                        Some(d) => format!("{} forecast to cross {} in {d:.1} days", f.slo, f.threshold),
+                        None => format!("{} no longer forecast to breach", f.slo),
+                    },
+                    days_to_breach: f.days_to_breach,
+                });
+            }
+        }
+    }
+
+    /// (day midpoint in days since the epoch, indicator) for complete days in [from, until).
+    fn daily_indicator(&self, slo: &SloConfig, from_ms: i64, until_ms: i64) -> Result<Vec<(f64, f64)>> {
+        let def = IndicatorDefinition::of(slo.indicator);
+        let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        for d in self.store.day_aggregates(def.signal, from_ms, until_ms)? {
+            by_day.entry(d.day_ms).or_default().push(def.statistic.of_aggregate(&d));
+        }
+        Ok(by_day
+            .into_iter()
+            .map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v)))
+            .collect())
+    }
+}
+
+/// How an SLO indicator is computed from stored samples: the one definition that the
+/// forecasts and the simulator's breach labels (simulate.rs) share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndicatorDefinition {
+    /// The stored series it reads.
+    pub signal: &'static str,
+    /// Which daily statistic of each series.
+    pub statistic: DailyStatistic,
+    /// How the series of one day combine (max over layers, mean over canaries).
+    pub combine: CombineSeries,
+}
+
+impl IndicatorDefinition {
+    /// The definition of `indicator` (config.rs documents each).
+    pub fn of(indicator: SloIndicator) -> Self {
+        use CombineSeries::{Max, Mean, Min};
+        let (signal, statistic, combine) = match indicator {
+            SloIndicator::TtftP99 => ("canary_ttft_seconds", DailyStatistic::P99, Max),
+            SloIndicator::KvUsage => ("kvcache_usage_ratio", DailyStatistic::P95, Max),
+            SloIndicator::Kvf => ("kvf_ratio", DailyStatistic::P95, Max),
+            SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", DailyStatistic::Min, Min),
+            SloIndicator::Rci => ("rci", DailyStatistic::Mean, Mean),
+        };
+        Self { signal, statistic, combine }
+    }
+}
+
+/// A daily statistic of one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DailyStatistic {
+    /// 99th percentile.
+    P99,
+    /// 95th percentile.
+    P95,
+    /// Minimum.
+    Min,
+    /// Mean.
+    Mean,
+}
+
+impl DailyStatistic {
+    /// The statistic as the store's day aggregate holds it.
+    pub fn of_aggregate(self, d: &omen_store::DayAggregate) -> f64 {
+        match self {
+            Self::P99 => d.p99,
+            Self::P95 => d.p95,
+            Self::Min => d.min,
+            Self::Mean => d.mean,
+        }
+    }
+
+    /// The statistic of one day's values, sorted ascending and not empty; the quantiles are
+    /// numpy's linear ones, as the store's day aggregates compute them.
+    pub fn of_sorted(self, sorted: &[f64]) -> f64 {
+        match self {
+            Self::P99 => omen_signals::quantile_linear(sorted, 0.99),
+            Self::P95 => omen_signals::quantile_linear(sorted, 0.95),
+            Self::Min => sorted[0],
+            Self::Mean => sorted.iter().sum::<f64>() / sorted.len() as f64,
+        }
+    }
+}
+
+/// How the series of one day combine into the day's indicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CombineSeries {
+    /// The highest (the worst layer or GPU).
+    Max,
+    /// The lowest (the least headroom).
+    Min,
+    /// The mean (over canaries).
+    Mean,
+}
+
+impl CombineSeries {
+    /// Combines one day's per-series statistics (not empty).
+    pub fn apply(self, v: &[f64]) -> f64 {
+        match self {
+            Self::Max => v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            Self::Min => v.iter().copied().fold(f64::INFINITY, f64::min),
+            Self::Mean => v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::engine;
+    use super::super::Engine;
+    use super::SloForecast;
+    use crate::config::TrendScale;
+    use omen_store::DAY_MS;
+    use omen_sources::Sample;
+
+    #[test]
+    fn rising_kv_usage_gives_an_early_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n");
+        let t0 = 1_793_577_600_000;
+        // 12 days of KV usage rising 2.5 points a day from 0.55, hourly samples with a daily cycle
+        for h in 0..(12 * 24) {
+            let day = h as f64 / 24.0;
+            let v = 0.55 + 0.025 * day + 0.02 * ((h % 24) as f64 / 24.0 * std::f64::consts::TAU).sin();
+            let s = Sample {
+                ts_ms: t0 + h * 3_600_000,
+                signal: "kvcache_usage_ratio".into(),
+                labels: [("layer".to_owned(), "0".to_owned())].into(),
+                value: v,
+            };
+            e.process(vec![s]).unwrap();
+        }
+        let s = e.tick(t0 + 12 * DAY_MS).unwrap();
+        let kv = s.forecasts.iter().find(|f| f.slo == "kv_usage").unwrap();
+        assert_eq!(kv.days, 12, "{kv:?}");
+        let d = kv.days_to_breach.unwrap();
+        // p95 of a day is ~0.02 above its mean; the 0.95 line is crossed in about 3-6 days
+        assert!(d > 2.0 && d < 8.0, "{kv:?}");
+        assert!(kv.early_warning);
+        assert!(s.health_score >= 0.6);
+        assert!(e.events().iter().any(|ev| ev.alert == "forecast:kv_usage"));
+        let ttft = s.forecasts.iter().find(|f| f.slo == "ttft_p99").unwrap();
+        assert!(ttft.days_to_breach.is_none() && !ttft.early_warning);
+    }
+
+    /// Daily p95 KV usage rising 0.01/day with a weekend dip of 0.15, over `days` days.
+    fn weekly_kv_engine(dir: &std::path::Path, forecast: &str, days: i64) -> Engine {
+        let mut e = engine(dir, forecast);
+        // 2026-11-02 is a Monday.
+        let t0 = 1_793_577_600_000;
+        for h in 0..(days * 24) {
+            let day = h / 24;
+            let weekend = if day % 7 >= 5 { 0.15 } else { 0.0 };
+            let v = 0.55 + 0.01 * day as f64 - weekend;
+            let labels = [("layer".to_owned(), "0".to_owned())].into();
+            let s =
+                Sample { ts_ms: t0 + h * 3_600_000, signal: "kvcache_usage_ratio".into(), labels, value: v };
+            e.process(vec![s]).unwrap();
+        }
+        e
+    }
+
+    #[test]
+    fn worst_of_seven_days_removes_a_weekly_dip_from_the_trend() {
+        let t_end = 1_793_577_600_000 + 26 * DAY_MS;
+        let dir = tempfile::tempdir().unwrap();
+        let mut weekly = weekly_kv_engine(dir.path(), "forecast: {min_days: 7}\n", 26);
+        let kv = weekly.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        // 26 complete days give 20 trailing weekly maxima: the weekday line, slope 0.01.
+        assert_eq!(kv.days, 20, "{kv:?}");
+        assert!((kv.slope_per_day.unwrap() - 0.01).abs() < 1e-9, "{kv:?}");
+        assert!((kv.latest.unwrap() - (0.55 + 0.01 * 25.0)).abs() < 1e-9, "{kv:?}");
+        // 0.95 - 0.80 at 0.01/day: 15 days after the last day's value (at 25.5), tight interval.
+        let d = kv.days_to_breach.unwrap();
+        assert!((d - 15.0).abs() < 0.6, "{kv:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut daily = weekly_kv_engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n", 26);
+        let kv = daily.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        // Day by day, the weekends widen the slope interval: the far end drifts away.
+        let far = kv.days_to_breach_upper.unwrap_or(f64::INFINITY);
+        assert!(far > d + 1.0, "{kv:?}");
+    }
+
+    /// TTFT of a queue whose utilisation rises 1.5 points a day from 0.5: 0.2 s / (1 - rho),
+    /// one value per day, hourly samples; `scale` is the TTFT SLO's trend scale.
+    fn queueing_ttft_forecast(scale: &str) -> SloForecast {
+        let dir = tempfile::tempdir().unwrap();
+        let slo = format!("{{name: ttft_p99, indicator: ttft_p99, threshold: 2.0, scale: {scale}}}");
+        let mut e = engine(dir.path(), &format!("forecast: {{min_days: 7, slos: [{slo}]}}\n"));
+        let t0 = 1_793_577_600_000;
+        for h in 0..(18 * 24) {
+            let rho = 0.5 + 0.015 * (h / 24) as f64;
+            let labels = [("canary".to_owned(), "capital".to_owned())].into();
+            let s = Sample {
+                ts_ms: t0 + h * 3_600_000,
+                signal: "canary_ttft_seconds".into(),
+                labels,
+                value: 0.2 / (1.0 - rho),
+            };
+            e.process(vec![s]).unwrap();
+        }
+        e.tick(t0 + 18 * DAY_MS).unwrap().forecasts.remove(0)
+    }
+
+    #[test]
+    fn a_queueing_knee_is_a_straight_line_on_the_reciprocal_scale() {
+        // 1/TTFT = 5 (1 - rho) falls linearly; it reaches 1/2 s when rho = 0.9, on the day
+        // whose value is 0.5 + 0.015 d = 0.9: d = 26.67, its midpoint line crossing at
+        // x = 27.17, so 9.17 days after day 18 starts.
+        let f = queueing_ttft_forecast("reciprocal");
+        assert_eq!(f.scale, TrendScale::Reciprocal);
+        let d = f.days_to_breach.unwrap();
+        assert!((d - (0.4 / 0.015 + 0.5 - 18.0)).abs() < 1e-6, "{f:?}");
+        assert!((f.days_to_breach_upper.unwrap() - d).abs() < 1e-6, "an exact line has no spread: {f:?}");
+        assert!(f.early_warning, "{f:?}");
+        assert!(f.slope_per_day.unwrap() < 0.0, "1/TTFT falls: {f:?}");
+        // A straight line in ln(TTFT) bends below the hyperbola, so it sees the knee later.
+        let log = queueing_ttft_forecast("log");
+        assert!(log.days_to_breach.unwrap() > d + 3.0, "{log:?}");
+        let linear = queueing_ttft_forecast("linear");
+        assert!(linear.days_to_breach.unwrap() > log.days_to_breach.unwrap(), "{linear:?}");
+    }
+
+    #[test]
+    fn latency_trends_are_fitted_on_the_reciprocal_scale() {
+        let cfg = crate::config::Config::default();
+        let ttft = cfg.forecast.slos.iter().find(|s| s.name == "ttft_p99").unwrap();
+        assert_eq!(ttft.trend_scale(), TrendScale::Reciprocal);
+        let kv = cfg.forecast.slos.iter().find(|s| s.name == "kv_usage").unwrap();
+        assert_eq!(kv.trend_scale(), TrendScale::Linear);
+    }
+}

@@ -1,0 +1,193 @@
+//! The pipeline: samples -> window anomaly scores per series -> health score ->
+//! daily aggregates -> forecasts. Shared by `omen run` (live) and `omen replay`
+//! (offline); time is event time, the newest sample seen (or the caller's clock).
+//!
+//! This module orchestrates; each step lives in its own file: `ingest` (what a batch
+//! stores), `detection` (per-series scoring and onsets), `health` (the score and its
+//! level), `forecast` (SLO trends), `rollup` (day roll-ups and retention) and `model`
+//! (the LSTM autoencoder).
+
+mod detection;
+mod forecast;
+mod health;
+mod ingest;
+#[cfg(feature = "lstm")]
+mod model;
+mod rollup;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use anyhow::Result;
+use omen_sources::Sample;
+
+use crate::config::Config;
+use crate::metrics::{Labels, LiveMetrics};
+use omen_store::Store;
+
+pub use forecast::{CombineSeries, DailyStatistic, IndicatorDefinition, SloForecast};
+pub use health::{AlertEvent, Contributor, HealthSummary, Level};
+
+use detection::SeriesMap;
+use ingest::Batch;
+
+/// Signals the engine itself produces; they are not scored again (nor used as model inputs).
+pub const DERIVED: &[&str] = &[
+    "anomaly_score",
+    "health_score",
+    "forecast_days_to_breach",
+    "forecast_days_to_breach_upper",
+    "lstm_ae_score",
+];
+
+/// The pipeline state.
+pub struct Engine {
+    cfg: Arc<Config>,
+    store: Arc<Store>,
+    live: Arc<LiveMetrics>,
+    series: SeriesMap,
+    /// Latest (used, total) bytes per GPU, until both are known (ingest.rs).
+    gpu_memory: HashMap<String, (Option<f64>, Option<f64>)>,
+    clock_ms: i64,
+    last_tick_ms: Option<i64>,
+    last_retention_ms: i64,
+    rolled_until_day_ms: Option<i64>,
+    summary: Arc<RwLock<Option<HealthSummary>>>,
+    health_level: Level,
+    /// Early warning per SLO at the last tick, for its transitions.
+    warnings: HashMap<String, bool>,
+    events: Vec<AlertEvent>,
+    /// The LSTM autoencoder, scored once per tick when configured.
+    #[cfg(feature = "lstm")]
+    model: Option<crate::lstm_live::LiveModel>,
+    /// The last model tick failed (logged once per failure spell).
+    #[cfg(feature = "lstm")]
+    model_failing: bool,
+}
+
+/// Series labels as the live metrics take them.
+fn to_labels(map: &BTreeMap<String, String>) -> Labels {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+impl Engine {
+    /// A pipeline writing to `store` and publishing to `live`.
+    pub fn new(cfg: Arc<Config>, store: Arc<Store>, live: Arc<LiveMetrics>) -> Result<Self> {
+        let rolled_until_day_ms = store.meta("rolled_until_day_ms")?.and_then(|v| v.parse().ok());
+        Ok(Self {
+            cfg,
+            store,
+            live,
+            series: HashMap::new(),
+            gpu_memory: HashMap::new(),
+            clock_ms: 0,
+            last_tick_ms: None,
+            last_retention_ms: 0,
+            rolled_until_day_ms,
+            summary: Arc::new(RwLock::new(None)),
+            health_level: Level::Ok,
+            warnings: HashMap::new(),
+            events: Vec::new(),
+            #[cfg(feature = "lstm")]
+            model: None,
+            #[cfg(feature = "lstm")]
+            model_failing: false,
+        })
+    }
+
+    /// Scores `model` at every tick from the latest value of its source series.
+    #[cfg(feature = "lstm")]
+    pub fn set_model(&mut self, model: crate::lstm_live::LiveModel) {
+        self.model = Some(model);
+    }
+
+    /// Shared handle to the latest health summary.
+    pub fn summary_handle(&self) -> Arc<RwLock<Option<HealthSummary>>> {
+        self.summary.clone()
+    }
+
+    /// Alert transitions seen so far.
+    pub fn events(&self) -> &[AlertEvent] {
+        &self.events
+    }
+
+    /// Writes the store's open minute aggregates (at shutdown).
+    pub fn flush(&self) -> Result<()> {
+        self.store.flush()?;
+        Ok(())
+    }
+
+    /// Event time: the newest timestamp processed.
+    pub fn clock_ms(&self) -> i64 {
+        self.clock_ms
+    }
+
+    /// Scores, stores and publishes a batch; ticks when event time passes the health interval.
+    /// Returns after the batch is committed to the store.
+    pub fn process(&mut self, samples: Vec<Sample>) -> Result<usize> {
+        let mut batch = Batch::new(samples.len(), self.cfg.store.raw_min_interval.as_millis() as i64);
+        for (i, s) in samples.iter().enumerate() {
+            self.clock_ms = self.clock_ms.max(s.ts_ms);
+            self.observe_special(s, &mut batch.derived);
+            if DERIVED.contains(&s.signal.as_str()) {
+                // The engine's own signals (replayed) are published and stored, not scored.
+                self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value);
+                batch.push(true, None);
+                continue;
+            }
+            self.score_sample(i, s, &mut batch)?;
+        }
+        let n = samples.len();
+        self.commit(samples, batch)?;
+        self.live.samples_ingested.inc_by(n as u64);
+        let due = match self.last_tick_ms {
+            None => true,
+            Some(t) => self.clock_ms - t >= self.cfg.health.interval.as_millis() as i64,
+        };
+        if due && self.clock_ms > 0 {
+            self.tick(self.clock_ms)?;
+        }
+        Ok(n)
+    }
+
+    /// Recomputes health, forecasts, day roll-ups and retention at event time `now_ms`.
+    pub fn tick(&mut self, now_ms: i64) -> Result<HealthSummary> {
+        self.last_tick_ms = Some(now_ms);
+        // Roll-ups first: the forecasts read the days they complete.
+        self.roll_up_days(now_ms)?;
+        let contributors = self.contributors(now_ms);
+        let forecasts = self.forecasts(now_ms)?;
+        // What the tick stores: the model's score, the health score, the forecasts.
+        let mut out = Vec::new();
+        #[cfg(feature = "lstm")]
+        self.score_model(now_ms, &mut out);
+        let health = self.health_score(&contributors, &forecasts);
+        let level = Level::of(health, &self.cfg.health);
+        self.publish_health(now_ms, health, &mut out);
+        self.publish_forecasts(now_ms, &forecasts, &mut out);
+        self.track_level(now_ms, level, &contributors, &forecasts);
+        self.store.insert(&out)?;
+        self.apply_retention(now_ms)?;
+        let summary = HealthSummary { ts_ms: now_ms, health_score: health, level, contributors, forecasts };
+        *self.summary.write().unwrap_or_else(|e| e.into_inner()) = Some(summary.clone());
+        Ok(summary)
+    }
+}
+
+/// What the tests in each step's file share.
+#[cfg(test)]
+mod testing {
+    use std::sync::Arc;
+
+    use super::Engine;
+    use crate::config::Config;
+    use crate::metrics::LiveMetrics;
+    use omen_store::Store;
+
+    /// An engine on a fresh store in `dir`, configured by `yaml`.
+    pub(super) fn engine(dir: &std::path::Path, yaml: &str) -> Engine {
+        let cfg = Arc::new(Config::from_yaml(yaml).unwrap());
+        let store = Arc::new(Store::open(&dir.join("omen.db")).unwrap());
+        Engine::new(cfg, store, Arc::new(LiveMetrics::new())).unwrap()
+    }
+}

@@ -1,0 +1,61 @@
+//! The pipeline's input and its thread: every source and every push hands the pipeline an
+//! [`IngestJob`]; one thread owns the engine (SQLite writes block) and processes the jobs
+//! in order, acknowledging each push once its samples are committed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Result;
+use tokio::sync::{mpsc, oneshot};
+use tracing::error;
+
+use crate::engine::Engine;
+use crate::metrics::LiveMetrics;
+use omen_sources::Sample;
+
+/// A batch for the pipeline and the channel that acknowledges its commit.
+pub struct IngestJob {
+    /// Samples to process.
+    pub samples: Vec<Sample>,
+    /// Receives the number committed, or the store's error.
+    pub ack: Option<oneshot::Sender<Result<usize, String>>>,
+}
+
+/// Starts the pipeline thread: it owns `engine`, sets `ready` while it takes jobs, and
+/// flushes the open minute when every sender has gone.
+pub fn spawn(
+    mut engine: Engine,
+    mut jobs: mpsc::Receiver<IngestJob>,
+    ready: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<Result<()>>> {
+    // The pipeline owns the engine on its own thread: SQLite writes block.
+    std::thread::Builder::new().name("omen-pipeline".into()).spawn(move || -> Result<()> {
+            ready.store(true, Ordering::Relaxed);
+            while let Some(job) = jobs.blocking_recv() {
+                let n = job.samples.len();
+                let result = engine.process(job.samples);
+                if let Err(e) = &result {
+                    error!("pipeline: batch of {n} samples not stored: {e:#}");
+                }
+                if let Some(ack) = job.ack {
+                    let _ = ack.send(result.map_err(|e| format!("{e:#}")));
+                }
+            }
+            ready.store(false, Ordering::Relaxed);
+            // The open minute aggregates; they would be rebuilt from raw samples anyway.
+            if let Err(e) = engine.flush() {
+                error!("pipeline: open minute aggregates not written at shutdown: {e:#}");
+            }
+            Ok(())
+        })
+}
+
+/// Hands a source's samples to the pipeline; our sources never block on a full
+/// queue: they shed the round and count it.
+pub fn offer(live: &LiveMetrics, tx: &mpsc::Sender<IngestJob>, samples: Vec<omen_sources::Sample>, source: &str) {
+    let n = samples.len() as u64;
+    if !samples.is_empty() && tx.try_send(IngestJob { samples, ack: None }).is_err() {
+        live.shed.get_or_create(&vec![("reason".into(), format!("queue_full_{source}"))]).inc_by(n);
+    }
+}
+

@@ -1,0 +1,247 @@
+//! The agent's sources wired to the pipeline: NVML, the server /metrics scrape and the
+//! canary prober each on its own interval, and a recorded trace; each reports `source_up`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use omen_signals::catalogue;
+use omen_sources::now_ms;
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::config::Config;
+use crate::metrics::LiveMetrics;
+use crate::pipeline::{offer, IngestJob};
+use crate::semantic::SemanticModel;
+use omen_store::Store;
+
+/// Replays the configured trace, if any; the returned watch turns true when it has finished.
+pub fn spawn_trace(
+    cfg: &Config,
+    live: &Arc<LiveMetrics>,
+    ingest_tx: &mpsc::Sender<IngestJob>,
+    shutdown_rx: &tokio::sync::watch::Receiver<bool>,
+    servers: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (trace_done_tx, trace_done) = tokio::sync::watch::channel(cfg.sources.trace.is_none());
+    if let Some(trace) = cfg.sources.trace.clone() {
+        live.set_gauge(catalogue::SOURCE_UP.name, vec![("source".into(), "trace".into())], 1.0);
+        let tx = ingest_tx.clone();
+        let live = live.clone();
+        let mut stop = shutdown_rx.clone();
+        servers.push(tokio::spawn(async move {
+            let path: PathBuf = trace.path.clone();
+            let result = tokio::select! {
+                r = replay_trace(trace.path, trace.speed, tx) => r,
+                _ = stop.changed() => Ok(0),
+            };
+            match result {
+                Ok(n) => info!(trace = %path.display(), samples = n, "trace source finished; still serving the API"),
+                Err(e) => {
+                    live.set_gauge(catalogue::SOURCE_UP.name, vec![("source".into(), "trace".into())], 0.0);
+                    error!("trace source {}: {e:#}", path.display());
+                }
+            }
+            let _ = trace_done_tx.send(true);
+        }));
+    }
+    trace_done
+}
+
+fn source_up(live: &LiveMetrics, source: &str, up: bool) {
+    live.set_gauge(catalogue::SOURCE_UP.name, vec![("source".into(), source.into())], if up { 1.0 } else { 0.0 });
+}
+
+/// A task that runs `tick` every `interval` until shutdown.
+fn every<F, Fut>(
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut tick: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(interval);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = timer.tick() => tick().await,
+                _ = stop.changed() => return,
+            }
+        }
+    })
+}
+
+/// NVML, server /metrics and the canary prober, each on its own interval.
+pub fn spawn_live(
+    cfg: &Arc<Config>,
+    store: &Arc<Store>,
+    live: &Arc<LiveMetrics>,
+    tx: &mpsc::Sender<IngestJob>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    semantic: Option<Arc<SemanticModel>>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<()> {
+    if cfg.sources.nvml.enabled {
+        match omen_sources::GpuSampler::new() {
+            Ok(sampler) => {
+                info!(gpus = sampler.gpu_count(), "NVML: sampling GPU memory");
+                let sampler = Arc::new(sampler);
+                let (live, tx) = (live.clone(), tx.clone());
+                tasks.push(every(cfg.sources.nvml.interval, stop.clone(), move || {
+                    let (sampler, live, tx) = (sampler.clone(), live.clone(), tx.clone());
+                    async move {
+                        match tokio::task::spawn_blocking(move || sampler.sample_with_errors(now_ms())).await
+                        {
+                            Ok((samples, errors)) => {
+                                for e in &errors {
+                                    warn!("NVML: {e}");
+                                }
+                                source_up(&live, "nvml", errors.is_empty());
+                                offer(&live, &tx, samples, "nvml");
+                            }
+                            Err(e) => {
+                                source_up(&live, "nvml", false);
+                                warn!("NVML sampling task failed: {e}");
+                            }
+                        }
+                    }
+                }));
+            }
+            // No GPU here: say so once and keep running without GPU signals.
+            Err(e) => info!("{e}"),
+        }
+    }
+    if let Some(m) = cfg.sources.server_metrics.clone() {
+        let scraper = omen_sources::Scraper::new(&m.url)?.with_timeout(m.timeout);
+        let scraper = Arc::new(tokio::sync::Mutex::new(scraper));
+        let client = reqwest::Client::builder().timeout(m.timeout).build()?;
+        let (live, tx) = (live.clone(), tx.clone());
+        tasks.push(every(m.interval, stop.clone(), move || {
+            let (scraper, client, live, tx) = (scraper.clone(), client.clone(), live.clone(), tx.clone());
+            async move {
+                let mut s = scraper.lock().await;
+                match s.scrape(&client, now_ms()).await {
+                    Ok(samples) => {
+                        source_up(&live, "server_metrics", true);
+                        offer(&live, &tx, samples, "server_metrics");
+                    }
+                    Err(e) => {
+                        source_up(&live, "server_metrics", false);
+                        warn!("server metrics: {e}");
+                    }
+                }
+            }
+        }));
+    }
+    if let Some(c) = cfg.sources.canary.clone() {
+        let mut target = c.target.clone();
+        if let Some(var) = &c.api_key_env {
+            target.api_key = Some(std::env::var(var).with_context(|| {
+                format!("sources.canary.api_key_env: environment variable {var} is not set; export it or remove the key")
+            })?);
+        }
+        let w = &cfg.signals.rci_weights;
+        let weights = omen_signals::RciWeights::new(w.bleu, w.semantic, w.repetition)?;
+        let client = reqwest::Client::builder().build()?;
+        let target = Arc::new(target);
+        let prompts = Arc::new(c.prompts.clone());
+        let (live, tx, store) = (live.clone(), tx.clone(), store.clone());
+        tasks.push(every(c.interval, stop.clone(), move || {
+            let (client, target, prompts, live, tx, store, semantic) = (
+                client.clone(),
+                target.clone(),
+                prompts.clone(),
+                live.clone(),
+                tx.clone(),
+                store.clone(),
+                semantic.clone(),
+            );
+            async move {
+                let mut all_ok = true;
+                for canary in prompts.iter() {
+                    match probe_canary(&client, &target, canary, &store, weights, semantic.as_ref()).await {
+                        Ok(samples) => offer(&live, &tx, samples, "canary"),
+                        Err(e) => {
+                            all_ok = false;
+                            warn!(canary = %canary.id, "canary probe failed: {e:#}");
+                        }
+                    }
+                }
+                source_up(&live, "canary", all_ok);
+            }
+        }));
+    }
+    Ok(())
+}
+
+/// One probe; the first answer of a canary without a configured reference becomes its stored
+/// reference. With a semantic model, RCI of an answer that has a reference includes BERTScore F1.
+async fn probe_canary(
+    client: &reqwest::Client,
+    target: &omen_sources::CanaryTarget,
+    canary: &omen_sources::Canary,
+    store: &Arc<Store>,
+    weights: omen_signals::RciWeights,
+    semantic: Option<&Arc<SemanticModel>>,
+) -> Result<Vec<omen_sources::Sample>> {
+    let stored = match &canary.reference {
+        Some(_) => None,
+        None => {
+            let (store, id) = (store.clone(), canary.id.clone());
+            tokio::task::spawn_blocking(move || store.canary_reference(&id)).await??
+        }
+    };
+    let reference_text = canary.reference.clone().or_else(|| stored.clone());
+    let reference = match stored {
+        Some(text) => Some(Arc::new(omen_signals::BleuReference::new(&[text])?)),
+        None => None,
+    };
+    let mut result = omen_sources::probe(client, target, canary, reference, weights).await?;
+    if let (Some(model), Some(reference_text), Some(_)) = (semantic, reference_text, &result.rci) {
+        let f1 = model.f1(result.answer.clone(), reference_text).await?;
+        result.set_semantic_f1(&canary.id, f1)?;
+    }
+    if canary.reference.is_none() && result.rci.is_none() {
+        let (store, id, answer) = (store.clone(), canary.id.clone(), result.answer.clone());
+        tokio::task::spawn_blocking(move || store.set_canary_reference(&id, &answer, now_ms())).await??;
+        info!(canary = %canary.id, "captured the canary's reference answer");
+    }
+    Ok(result.samples(now_ms(), &canary.id))
+}
+
+/// Feeds a trace into the pipeline; with `speed` > 0 it paces by trace time / speed.
+async fn replay_trace(path: PathBuf, speed: f64, tx: mpsc::Sender<IngestJob>) -> Result<usize> {
+    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<Vec<omen_sources::Sample>>>(64);
+    let reader = tokio::task::spawn_blocking(move || -> Result<()> {
+        for batch in omen_sources::trace_file::batches(&path)? {
+            if batch_tx.blocking_send(batch.map_err(anyhow::Error::from)).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let mut total = 0;
+    let mut prev_ts: Option<i64> = None;
+    while let Some(batch) = batch_rx.recv().await {
+        let batch = batch?;
+        if speed > 0.0 {
+            if let Some(p) = prev_ts {
+                let wait = ((batch[0].ts_ms - p).max(0) as f64 / speed) as u64;
+                tokio::time::sleep(Duration::from_millis(wait.min(60_000))).await;
+            }
+        }
+        prev_ts = Some(batch[0].ts_ms);
+        total += batch.len();
+        // Our own source: wait for room rather than shed.
+        tx.send(IngestJob { samples: batch, ack: None })
+            .await
+            .map_err(|_| anyhow::anyhow!("the pipeline stopped"))?;
+    }
+    reader.await??;
+    Ok(total)
+}

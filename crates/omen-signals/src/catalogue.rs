@@ -1,0 +1,227 @@
+//! The signal catalogue: every signal omen stores or exports, defined once — its name,
+//! help text, unit, OTLP name, whether omen derives it from other signals, and which SLO
+//! indicator reads it. The sources name their samples from here, the pipeline and the
+//! simulator read the indicators from here, and the Prometheus and OTLP exporters take help
+//! and units from here; docs/signals.md's table lists the same entries (a test checks it).
+//!
+//! Signals that a user pushes under names of their own (`/v1/ingest/samples`) are not in
+//! the catalogue; they are exported with a generic help text and a unit from their suffix.
+
+/// One signal of the catalogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signal {
+    /// Stored and exported name (Prometheus adds the `omen_` prefix).
+    pub name: &'static str,
+    /// Help text of the exported metric.
+    pub help: &'static str,
+    /// UCUM unit ("1" for ratios, "" when dimensionless without being a ratio).
+    pub unit: &'static str,
+    /// OTLP instrument name.
+    pub otlp_name: &'static str,
+    /// Computed by omen from other signals (scores, forecasts): never scored again nor fed
+    /// to the models.
+    pub derived: bool,
+    /// The SLO indicator (config `forecast.slos[].indicator`) that reads this signal.
+    pub indicator: Option<&'static str>,
+    /// How it is exported.
+    pub kind: Kind,
+}
+
+/// How a signal is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The latest value of each series.
+    Gauge,
+    /// Observations in buckets (the canary latencies).
+    Histogram,
+}
+
+impl Signal {
+    /// The unit for exporters that leave a dimensionless unit out.
+    pub fn unit(&self) -> Option<&'static str> {
+        (!self.unit.is_empty()).then_some(self.unit)
+    }
+}
+
+macro_rules! signals {
+    ($($(#[$doc:meta])* $id:ident = $name:literal, $unit:literal, $otlp:literal, $derived:literal, $indicator:expr, $help:literal $(, $kind:ident)?;)*) => {
+        $( $(#[$doc])* pub const $id: Signal = Signal {
+            name: $name, help: $help, unit: $unit, otlp_name: $otlp, derived: $derived, indicator: $indicator,
+            kind: signals!(@kind $($kind)?),
+        }; )*
+        /// Every signal of the catalogue, in the order of docs/signals.md's table.
+        pub const ALL: &[Signal] = &[$($id),*];
+    };
+    (@kind) => { Kind::Gauge };
+    (@kind $kind:ident) => { Kind::$kind };
+}
+
+signals! {
+    /// First-token entropy (TLE), lower bound from top-k logprobs.
+    TLE_BITS = "tle_bits", "bit", "omen.tle_bits", false, None,
+        "First-token entropy of a canary prompt, bits (lower bound from top-k logprobs)";
+    /// Upper bound of the first-token entropy.
+    TLE_BITS_UPPER = "tle_bits_upper", "bit", "omen.tle_bits_upper", false, None,
+        "Upper bound of the first-token entropy from top-k logprobs, bits";
+    /// Consistency decay index (RCI).
+    RCI = "rci", "1", "omen.rci", false, Some("rci"),
+        "Consistency decay index of a canary answer, [0,1], higher is worse";
+    /// The BLEU part of RCI.
+    RCI_BLEU = "rci_bleu", "1", "omen.rci_bleu", false, None,
+        "Sentence BLEU of a canary answer against its reference, [0,1]";
+    /// The BERTScore part of RCI.
+    RCI_BERTSCORE_F1 = "rci_bertscore_f1", "1", "omen.rci_bertscore_f1", false, None,
+        "BERTScore F1 of a canary answer against its reference, [0,1]";
+    /// The repetition part of RCI.
+    RCI_REPETITION_RATIO = "rci_repetition_ratio", "1", "omen.rci_repetition_ratio", false, None,
+        "1 - distinct/total 3-grams of a canary answer";
+    /// Canary time to first token.
+    CANARY_TTFT_SECONDS = "canary_ttft_seconds", "s", "omen.canary_ttft_seconds", false, Some("ttft_p99"),
+        "Time to first token of a canary request, seconds";
+    /// Canary time per output token after the first.
+    CANARY_TPOT_SECONDS = "canary_tpot_seconds", "s", "omen.canary_tpot_seconds", false, None,
+        "Time per output token after the first of a canary request, seconds";
+    /// Canary end-to-end latency.
+    CANARY_E2E_SECONDS = "canary_e2e_seconds", "s", "omen.canary_e2e_seconds", false, None,
+        "End-to-end latency of a canary request, seconds";
+    /// Canary time to first token, as a histogram.
+    TTFT_SECONDS = "ttft_seconds", "s", "gen_ai.server.time_to_first_token", false, None,
+        "Canary time to first token, seconds", Histogram;
+    /// Canary time per output token after the first, as a histogram.
+    TPOT_SECONDS = "tpot_seconds", "s", "gen_ai.server.time_per_output_token", false, None,
+        "Canary time per output token, seconds", Histogram;
+    /// Canary end-to-end latency, as a histogram.
+    E2E_SECONDS = "e2e_seconds", "s", "gen_ai.server.request.duration", false, None,
+        "Canary end-to-end latency, seconds", Histogram;
+    /// Tokens of a canary answer.
+    CANARY_TOKENS = "canary_tokens", "", "omen.canary_tokens", false, None,
+        "Output tokens of a canary answer";
+    /// KV-cache fragmentation (KVF).
+    KVF_RATIO = "kvf_ratio", "1", "omen.kvf_ratio", false, Some("kvf"),
+        "KV-cache fragmentation: total free / largest free extent (>= 1)";
+    /// KV-cache usage.
+    KVCACHE_USAGE_RATIO = "kvcache_usage_ratio", "1", "llm.decoder.kvcache.usage_ratio", false, Some("kv_usage"),
+        "KV-cache blocks in use / total, per layer";
+    /// GPU memory in use.
+    GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes", "By", "omen.gpu_memory_used_bytes", false, None,
+        "GPU memory in use, bytes (NVML)";
+    /// GPU memory in total.
+    GPU_MEMORY_TOTAL_BYTES = "gpu_memory_total_bytes", "By", "omen.gpu_memory_total_bytes", false, None,
+        "GPU memory in total, bytes (NVML)";
+    /// GPU memory headroom, derived from used and total by the pipeline.
+    GPU_MEMORY_HEADROOM_RATIO = "gpu_memory_headroom_ratio", "1", "omen.gpu_memory_headroom_ratio", false,
+        Some("vram_headroom"), "1 - used/total GPU memory";
+    /// Bytes in use in a CUDA memory arena (Nsight Systems export).
+    ARENA_USED_BYTES = "arena_used_bytes", "By", "omen.arena_used_bytes", false, None,
+        "Bytes allocated in a CUDA memory arena, from an Nsight Systems export";
+    /// GPU memory of one process.
+    GPU_PROCESS_MEMORY_BYTES = "gpu_process_memory_bytes", "By", "omen.gpu_process_memory_bytes", false, None,
+        "GPU memory used by one process, bytes (NVML)";
+    /// Window anomaly score of one series.
+    ANOMALY_SCORE = "anomaly_score", "", "omen.anomaly_score", true, None,
+        "Sliding-window anomaly score |x-mean|/(std+1e-8) + 0.3|skew| of a signal";
+    /// LSTM autoencoder score.
+    LSTM_AE_SCORE = "lstm_ae_score", "", "omen.lstm_ae_score", true, None,
+        "LSTM autoencoder anomaly score, [0,1]";
+    /// The combined health score.
+    HEALTH_SCORE = "health_score", "", "omen.health_score", true, None,
+        "Combined degradation score, [0,1]: 0 healthy, >= 0.6 warning, >= 0.8 critical";
+    /// Days until an SLO breach.
+    FORECAST_DAYS_TO_BREACH = "forecast_days_to_breach", "d", "omen.forecast_days_to_breach", true, None,
+        "Days until the SLO indicator's Theil-Sen trend crosses its threshold";
+    /// Far end of the days-to-breach interval.
+    FORECAST_DAYS_TO_BREACH_UPPER = "forecast_days_to_breach_upper", "d", "omen.forecast_days_to_breach_upper",
+        true, None, "Far end of the days_to_breach interval";
+    /// Whether a source's last collection succeeded.
+    SOURCE_UP = "source_up", "", "omen.source_up", false, None,
+        "1 when the source's last collection succeeded, else 0";
+    /// Build information.
+    BUILD_INFO = "build_info", "", "omen.build_info", false, None, "omen build information";
+    /// Requests waiting in the server's queue (scraped).
+    SERVER_REQUESTS_WAITING = "server_requests_waiting", "", "omen.server_requests_waiting", false, None,
+        "Requests waiting in the inference server's queue (scraped)";
+    /// Requests the server is running (scraped).
+    SERVER_REQUESTS_RUNNING = "server_requests_running", "", "omen.server_requests_running", false, None,
+        "Requests the inference server is running (scraped)";
+    /// Preemptions so far (scraped).
+    SERVER_PREEMPTIONS_TOTAL = "server_preemptions_total", "", "omen.server_preemptions_total", false, None,
+        "Preemptions the inference server reported so far (scraped)";
+    /// Server-side TTFT p99 over the scrape interval.
+    SERVER_TTFT_P99_SECONDS = "server_ttft_p99_seconds", "s", "omen.server_ttft_p99_seconds", false, None,
+        "P99 time to first token over the last scrape interval, from the server's histogram, seconds";
+    /// Server-side inter-token latency p99 over the scrape interval.
+    SERVER_ITL_P99_SECONDS = "server_itl_p99_seconds", "s", "omen.server_itl_p99_seconds", false, None,
+        "P99 inter-token latency over the last scrape interval, from the server's histogram, seconds";
+    /// Server-side end-to-end latency p99 over the scrape interval.
+    SERVER_E2E_P99_SECONDS = "server_e2e_p99_seconds", "s", "omen.server_e2e_p99_seconds", false, None,
+        "P99 end-to-end request latency over the last scrape interval, from the server's histogram, seconds";
+    /// Server-side queueing time p99 over the scrape interval.
+    SERVER_QUEUE_P99_SECONDS = "server_queue_p99_seconds", "s", "omen.server_queue_p99_seconds", false, None,
+        "P99 queueing time over the last scrape interval, from the server's histogram, seconds";
+    /// Prefix-cache hit ratio (scraped).
+    SERVER_PREFIX_CACHE_HIT_RATIO = "server_prefix_cache_hit_ratio", "1", "omen.server_prefix_cache_hit_ratio",
+        false, None, "Prefix-cache hits / queries of the inference server (scraped)";
+    /// Prompt tokens per second (scraped).
+    SERVER_PROMPT_TOKENS_PER_SECOND = "server_prompt_tokens_per_second", "", "omen.server_prompt_tokens_per_second",
+        false, None, "Prompt tokens processed per second by the inference server (scraped)";
+    /// Generated tokens per second (scraped).
+    SERVER_GENERATION_TOKENS_PER_SECOND = "server_generation_tokens_per_second", "",
+        "omen.server_generation_tokens_per_second", false, None,
+        "Tokens generated per second by the inference server (scraped)";
+    /// Tokens in the server's KV cache (scraped).
+    SERVER_KVCACHE_TOKENS = "server_kvcache_tokens", "", "omen.server_kvcache_tokens", false, None,
+        "Tokens in the inference server's KV cache (scraped)";
+    /// Busy slots per decode step (llama.cpp, scraped).
+    SERVER_BUSY_SLOTS_PER_DECODE = "server_busy_slots_per_decode", "", "omen.server_busy_slots_per_decode", false,
+        None, "Busy slots per decode step of llama.cpp's server (scraped)";
+}
+
+/// The catalogue entry named `name`, if omen defines it.
+pub fn find(name: &str) -> Option<&'static Signal> {
+    ALL.iter().find(|s| s.name == name)
+}
+
+/// Whether `name` is a signal omen derives itself (not scored again, not a model input).
+pub fn is_derived(name: &str) -> bool {
+    find(name).is_some_and(|s| s.derived)
+}
+
+/// The signal that the SLO indicator `indicator` (its config spelling) reads.
+pub fn indicator_signal(indicator: &str) -> Option<&'static Signal> {
+    ALL.iter().find(|s| s.indicator == Some(indicator))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_otlp_names_are_unique_and_well_formed() {
+        for (i, a) in ALL.iter().enumerate() {
+            assert!(a.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{a:?}");
+            assert!(!a.help.is_empty(), "{} has no help", a.name);
+            for b in &ALL[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.otlp_name, b.otlp_name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_indicator_reads_one_signal() {
+        for indicator in ["ttft_p99", "kv_usage", "kvf", "vram_headroom", "rci"] {
+            assert_eq!(ALL.iter().filter(|s| s.indicator == Some(indicator)).count(), 1, "{indicator}");
+        }
+        assert_eq!(indicator_signal("kvf"), Some(&KVF_RATIO));
+    }
+
+    #[test]
+    fn derived_signals_are_the_scores_and_forecasts() {
+        let derived: Vec<&str> = ALL.iter().filter(|s| s.derived).map(|s| s.name).collect();
+        assert_eq!(
+            derived,
+            ["anomaly_score", "lstm_ae_score", "health_score", "forecast_days_to_breach", "forecast_days_to_breach_upper"]
+        );
+        assert!(is_derived("health_score") && !is_derived("kvf_ratio") && !is_derived("queue_depth"));
+    }
+}

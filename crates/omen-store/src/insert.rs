@@ -1,0 +1,256 @@
+//! Writing batches: each batch of samples, the series it creates and the minutes it
+//! closes commit in one transaction, and the call returns only after the commit.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use anyhow::Result;
+use omen_sources::{Sample, SeriesKey};
+use rusqlite::params;
+
+use crate::minutes::{
+    close_stale_minutes, flush_open_minutes, log_entry, minute_of, upsert_minute, MinuteFold, SeriesMinutes,
+    UPSERT_MINUTE,
+};
+use crate::schema::labels_json;
+use crate::{SeriesId, Store, Writer};
+
+impl Store {
+    /// Writes samples and their minute aggregates in one transaction; returns after commit.
+    pub fn insert(&self, samples: &[Sample]) -> Result<()> {
+        self.insert_with_raw(samples, &[])
+    }
+
+    /// As [`Store::insert`], but samples whose `keep_raw` entry is false only update
+    /// their minute aggregate (decimation of high-rate series). A shorter `keep_raw` keeps the rest raw.
+    pub fn insert_with_raw(&self, samples: &[Sample], keep_raw: &[bool]) -> Result<()> {
+        self.insert_with_ids(samples, keep_raw, &mut vec![None; samples.len()])
+    }
+
+    /// As [`Store::insert_with_raw`], with the series id of each sample where the caller
+    /// knows it (saves the label lookup); it must come from this store. Unknown ids are
+    /// filled in; they are valid only when this returns Ok (a failed batch voids new ids).
+    pub fn insert_with_ids(
+        &self,
+        samples: &[Sample],
+        keep_raw: &[bool],
+        ids: &mut [Option<SeriesId>],
+    ) -> Result<()> {
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut created: Vec<(i64, SeriesKey)> = Vec::new();
+        let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
+        let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
+        match result {
+            Ok(newest_raw) => {
+                if let Some(ts) = newest_raw {
+                    self.latest_raw_ts.fetch_max(ts, Ordering::Relaxed);
+                }
+                // The batch is committed either way; a failure here only keeps log rows longer.
+                if let Err(e) = close_stale_minutes(&mut w) {
+                    tracing::warn!(
+                        "store {}: stale open minutes not written yet: {e:#}",
+                        self.path.display()
+                    );
+                }
+                self.changed();
+                if !created.is_empty() {
+                    let mut catalog = self.catalog.write().unwrap_or_else(|e| e.into_inner());
+                    for (id, key) in created {
+                        catalog.entry(key.signal).or_default().push((id, key.labels));
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The transaction rolled back: ids handed out inside it are void, and the
+                // open minutes go back to what was committed.
+                let Writer { series_ids, minutes, .. } = &mut *w;
+                for (_, key) in &created {
+                    if let Some(f) = series_ids.get_mut(&key.signal) {
+                        f.remove(&key.labels);
+                    }
+                }
+                // Newest first, so that each series ends at its state before the batch.
+                for (id, before) in undo.into_iter().rev() {
+                    *minutes.slot(id) = before;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes every open minute aggregate (at shutdown); returns the rows written.
+    pub fn flush(&self) -> Result<usize> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let written = flush_open_minutes(&mut w);
+        self.changed();
+        written
+    }
+}
+
+/// Writes one batch in one transaction; returns the newest raw timestamp written. The
+/// open minutes are updated in place; `undo` records a series' state before each change.
+fn insert_batch(
+    w: &mut Writer,
+    created: &mut Vec<(i64, SeriesKey)>,
+    undo: &mut Vec<(i64, SeriesMinutes)>,
+    samples: &[Sample],
+    keep_raw: &[bool],
+    ids: &mut [Option<SeriesId>],
+) -> Result<Option<i64>> {
+    let Writer { conn, series_ids, minutes, newest_minute, .. } = w;
+    let tx = conn.transaction()?;
+    let mut newest_raw: Option<i64> = None;
+    // Decimated samples folded into open minutes, for minute_log (see the module doc).
+    let mut logged: Vec<u8> = Vec::new();
+    let mut logged_minute = i64::MIN;
+    let mut batch_newest_minute = i64::MIN;
+    {
+        let mut new_series = tx.prepare_cached("INSERT INTO series (signal, labels) VALUES (?1, ?2)")?;
+        let mut insert =
+            tx.prepare_cached("INSERT INTO samples (series_id, ts_ms, value) VALUES (?1, ?2, ?3)")?;
+        let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
+        // Samples for a minute that is no longer open (late or replayed data), folded per batch.
+        let mut late: HashMap<(i64, i64), MinuteFold> = HashMap::new();
+        for (i, s) in samples.iter().enumerate() {
+            let known = ids.get(i).copied().flatten();
+            let id = match known.or_else(|| series_ids.get(&s.signal).and_then(|f| f.get(&s.labels)).copied())
+            {
+                Some(id) => id,
+                None => {
+                    new_series.execute(params![s.signal, labels_json(&s.labels)])?;
+                    let id = tx.last_insert_rowid();
+                    created.push((id, s.series_key()));
+                    let family = match series_ids.get_mut(&s.signal) {
+                        Some(f) => f,
+                        None => series_ids.entry(s.signal.clone()).or_default(),
+                    };
+                    family.insert(s.labels.clone(), id);
+                    id
+                }
+            };
+            if let Some(slot) = ids.get_mut(i) {
+                *slot = Some(id);
+            }
+            let raw = keep_raw.get(i).copied().unwrap_or(true);
+            if raw {
+                insert.execute(params![id, s.ts_ms, s.value])?;
+                newest_raw = Some(newest_raw.map_or(s.ts_ms, |t| t.max(s.ts_ms)));
+            }
+            let bucket = minute_of(s.ts_ms);
+            batch_newest_minute = batch_newest_minute.max(bucket);
+            let m = minutes.slot(id);
+            undo.push((id, *m));
+            let mut log_it = |logged: &mut Vec<u8>| {
+                if !raw {
+                    log_entry(logged, id, s.ts_ms, s.value);
+                    logged_minute = logged_minute.max(bucket);
+                }
+            };
+            match &mut m.open {
+                Some((open, fold)) if *open == bucket => {
+                    fold.add(s.value);
+                    log_it(&mut logged);
+                }
+                open if open.is_none_or(|(o, _)| bucket > o) && m.newest_row.is_none_or(|r| bucket > r) => {
+                    // A newer minute: the open one is complete; write it with this batch.
+                    if let Some((o, fold)) = open.take() {
+                        upsert_minute(&mut upsert, id, o, &fold)?;
+                        m.newest_row = Some(o);
+                    }
+                    m.open = Some((bucket, MinuteFold::new(s.value)));
+                    log_it(&mut logged);
+                }
+                _ => {
+                    late.entry((id, bucket))
+                        .and_modify(|a| a.add(s.value))
+                        .or_insert_with(|| MinuteFold::new(s.value));
+                    m.newest_row = Some(m.newest_row.map_or(bucket, |r| r.max(bucket)));
+                }
+            }
+        }
+        for ((id, bucket), a) in &late {
+            upsert_minute(&mut upsert, *id, *bucket, a)?;
+        }
+        if !logged.is_empty() {
+            tx.prepare_cached("INSERT INTO minute_log (minute_ms, entries) VALUES (?1, ?2)")?
+                .execute(params![logged_minute, logged])?;
+        }
+    }
+    tx.commit()?;
+    *newest_minute = (*newest_minute).max(batch_newest_minute);
+    Ok(newest_raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use omen_sources::Sample;
+
+    use crate::test_util::{minute_rows, minute_rows_from_raw, sample};
+    use crate::{Resolution, Store};
+
+    #[test]
+    fn decimated_samples_still_enter_minute_aggregates() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let batch: Vec<Sample> = (0..60).map(|i| sample(t0 + i * 1000, "kv", "0", i as f64)).collect();
+        let keep: Vec<bool> = (0..60).map(|i| i % 10 == 0).collect();
+        store.insert_with_raw(&batch, &keep).unwrap();
+        assert_eq!(store.count("kv").unwrap(), 6);
+        let m = store.range("kv", &BTreeMap::new(), t0, t0 + 60_000, 60_000, Resolution::Minute).unwrap();
+        assert_eq!(m[0].points, vec![(t0, 29.5)]);
+    }
+
+    #[test]
+    fn a_failed_batch_leaves_the_open_minutes_as_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
+        // NaN binds as NULL and violates NOT NULL: the whole batch rolls back, including
+        // the write of minute t0 that its first sample triggered, and the new series.
+        let bad = [sample(t0 + 60_000, "kv", "0", 5.0), sample(t0 + 60_000, "kv", "9", f64::NAN)];
+        assert!(store.insert(&bad).is_err());
+        assert!(minute_rows(&store).is_empty());
+        store.insert(&[sample(t0 + 2000, "kv", "0", 3.0), sample(t0 + 2000, "kv", "9", 7.0)]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(minute_rows(&store), minute_rows_from_raw(&store));
+        assert_eq!(minute_rows(&store)[0].2, 3);
+        let only9 = store
+            .range(
+                "kv",
+                &[("layer".to_owned(), "9".to_owned())].into(),
+                t0,
+                t0 + 60_000,
+                60_000,
+                Resolution::Raw,
+            )
+            .unwrap();
+        assert_eq!(only9.len(), 1);
+        assert_eq!(only9[0].points, vec![(t0, 7.0)]);
+    }
+
+    #[test]
+    fn known_ids_skip_the_lookup_and_new_ones_are_filled_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        let batch = |ts: i64| vec![sample(ts, "kv", "0", 1.0), sample(ts, "kv", "1", 2.0)];
+        let mut ids = vec![None, None];
+        store.insert_with_ids(&batch(t0), &[], &mut ids).unwrap();
+        assert!(ids[0].is_some() && ids[1].is_some() && ids[0] != ids[1]);
+        let known = ids.clone();
+        store.insert_with_ids(&batch(t0 + 1000), &[], &mut ids).unwrap();
+        assert_eq!(ids, known);
+        let r = store.range("kv", &BTreeMap::new(), t0, t0 + 2000, 1000, Resolution::Raw).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].points, vec![(t0, 1.0), (t0 + 1000, 1.0)]);
+        assert_eq!(r[1].points, vec![(t0, 2.0), (t0 + 1000, 2.0)]);
+    }
+}

@@ -1,0 +1,157 @@
+//! Keeping the history bounded: day aggregates rolled up from raw samples (they outlive
+//! the raw ones for the forecasts), and deletion of what is past its retention.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use anyhow::Result;
+use omen_signals::{quantile_linear, DAY_MS};
+use rusqlite::params;
+
+use crate::Store;
+
+impl Store {
+    /// Computes day aggregates for every complete UTC day in [from_day_ms, until_day_ms) from raw samples.
+    pub fn roll_up_days(&self, from_day_ms: i64, until_day_ms: i64) -> Result<usize> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = w.conn.transaction()?;
+        let mut written = 0;
+        let mut day = from_day_ms.div_euclid(DAY_MS) * DAY_MS;
+        while day < until_day_ms {
+            let mut by_series: HashMap<i64, Vec<f64>> = HashMap::new();
+            {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT series_id, value FROM samples WHERE ts_ms >= ?1 AND ts_ms < ?2",
+                )?;
+                let rows = stmt.query_map(params![day, day + DAY_MS], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))
+                })?;
+                for row in rows {
+                    let (id, v) = row?;
+                    by_series.entry(id).or_default().push(v);
+                }
+            }
+            let mut upsert = tx.prepare_cached(
+                "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?;
+            for (id, mut values) in by_series {
+                values.sort_by(f64::total_cmp);
+                let sum: f64 = values.iter().sum();
+                upsert.execute(params![
+                    id,
+                    day,
+                    values.len() as i64,
+                    sum,
+                    values[0],
+                    values[values.len() - 1],
+                    quantile_linear(&values, 0.5),
+                    quantile_linear(&values, 0.95),
+                    quantile_linear(&values, 0.99)
+                ])?;
+                written += 1;
+            }
+            day += DAY_MS;
+        }
+        tx.commit()?;
+        self.changed();
+        Ok(written)
+    }
+
+    /// Deletes raw samples, minute and day aggregates older than their retention, relative to `now_ms`.
+    pub fn apply_retention(
+        &self,
+        now_ms: i64,
+        raw_days: u32,
+        minute_days: u32,
+        day_days: u32,
+    ) -> Result<usize> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n =
+            w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [now_ms - raw_days as i64 * DAY_MS])?;
+        let minute_cutoff = now_ms - minute_days as i64 * DAY_MS;
+        n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
+        // Logged samples of minutes past retention would only rebuild them after a crash.
+        w.conn.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [minute_cutoff])?;
+        // An open minute past retention goes too (it would be written only to be deleted).
+        for m in w.minutes.values_mut() {
+            if m.open.is_some_and(|(minute, _)| minute < minute_cutoff) {
+                m.open = None;
+                n += 1;
+            }
+        }
+        n += w.conn.execute("DELETE FROM day_agg WHERE day_ms < ?1", [now_ms - day_days as i64 * DAY_MS])?;
+        if n > 0 {
+            let latest: Option<i64> = w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+            self.latest_raw_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
+            self.changed();
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use omen_sources::Sample;
+
+    use crate::test_util::sample;
+    use crate::{Resolution, Store, DAY_MS};
+
+    #[test]
+    fn insert_range_rollup_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/omen.db");
+        let t0 = 1_793_577_600_000; // a UTC midnight
+        {
+            let store = Store::open(&path).unwrap();
+            let batch: Vec<Sample> = (0..120)
+                .flat_map(|i| {
+                    [
+                        sample(t0 + i * 30_000, "kvf_ratio", "0", 1.0 + i as f64),
+                        sample(t0 + i * 30_000, "kvf_ratio", "1", 2.0),
+                    ]
+                })
+                .collect();
+            store.insert(&batch).unwrap();
+            assert_eq!(store.raw_sample_count().unwrap(), 240);
+            let r = store
+                .range("kvf_ratio", &BTreeMap::new(), t0, t0 + 3_600_000, 600_000, Resolution::Raw)
+                .unwrap();
+            assert_eq!(r.len(), 2);
+            assert_eq!(r[0].points.len(), 6);
+            // first 10 minutes of layer 0: values 1..=20, mean 10.5
+            assert_eq!(r[0].points[0], (t0, 10.5));
+            let m = store
+                .range(
+                    "kvf_ratio",
+                    &[("layer".to_owned(), "0".to_owned())].into(),
+                    t0,
+                    t0 + 3_600_000,
+                    600_000,
+                    Resolution::Minute,
+                )
+                .unwrap();
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0].points[0], (t0, 10.5));
+            assert_eq!(store.roll_up_days(t0, t0 + DAY_MS).unwrap(), 2);
+        }
+        let store = Store::open(&path).unwrap();
+        let days = store.day_aggregates("kvf_ratio", t0, t0 + DAY_MS).unwrap();
+        assert_eq!(days.len(), 2);
+        let layer0 = days.iter().find(|d| d.key.labels["layer"] == "0").unwrap();
+        assert_eq!((layer0.count, layer0.min, layer0.max), (120, 1.0, 120.0));
+        assert_eq!(layer0.p50, 60.5);
+        // new samples of a known series reuse its id after reopen
+        store.insert(&[sample(t0 + DAY_MS, "kvf_ratio", "0", 5.0)]).unwrap();
+        assert_eq!(
+            store
+                .range("kvf_ratio", &BTreeMap::new(), t0, t0 + 2 * DAY_MS, DAY_MS, Resolution::Raw)
+                .unwrap()
+                .len(),
+            2
+        );
+        // everything before t0 + 1 day + 1 ms goes: 241 raw samples, 121 minute buckets, 2 day rows
+        assert_eq!(store.apply_retention(t0 + 2 * DAY_MS + 1, 1, 1, 1).unwrap(), 241 + 121 + 2);
+    }
+}
