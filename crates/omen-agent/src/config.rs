@@ -138,69 +138,8 @@ pub struct SourcesConfig {
     pub nvml: NvmlSourceConfig,
 }
 
-/// Canary prober.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CanarySourceConfig {
-    /// Time between probe rounds (every prompt once per round).
-    #[serde(default = "default_canary_interval", with = "humantime_serde")]
-    pub interval: Duration,
-    /// The OpenAI-compatible endpoint.
-    pub target: omen_sources::CanaryTarget,
-    /// Environment variable holding the API key, if the server needs one.
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    /// The canary prompts.
-    pub prompts: Vec<omen_sources::Canary>,
-    /// Folder with the BERTScore model (all-MiniLM-L6-v2: config.json, tokenizer.json,
-    /// model.safetensors; `make setup` puts it in .models/all-MiniLM-L6-v2). Unset = RCI
-    /// without its semantic part, the other weights renormalised.
-    #[serde(default)]
-    pub bertscore_model_dir: Option<PathBuf>,
-}
-
-fn default_canary_interval() -> Duration {
-    Duration::from_secs(60)
-}
-
-/// Inference-server /metrics scrape.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServerMetricsConfig {
-    /// e.g. http://127.0.0.1:8000/metrics
-    pub url: String,
-    /// Scrape interval.
-    #[serde(default = "default_scrape_interval", with = "humantime_serde")]
-    pub interval: Duration,
-    /// Request timeout.
-    #[serde(default = "default_scrape_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-}
-
-fn default_scrape_interval() -> Duration {
-    Duration::from_secs(15)
-}
-
-fn default_scrape_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-
-/// NVML sampling.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NvmlSourceConfig {
-    /// Try NVML at start-up.
-    pub enabled: bool,
-    /// Sampling interval.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-}
-
-impl Default for NvmlSourceConfig {
-    fn default() -> Self {
-        Self { enabled: true, interval: Duration::from_secs(10) }
-    }
-}
+// The sources' own sections live beside the sources that read them.
+pub use omen_sources::{CanarySourceConfig, NvmlSourceConfig, ServerMetricsConfig};
 
 /// Trace replay source.
 #[derive(Debug, Clone, Deserialize)]
@@ -468,209 +407,23 @@ impl Config {
         Self::from_yaml(&text)
     }
 
-    /// Every semantic problem, each with its path.
+    /// Every semantic problem, each with its path, section by section in file order.
     pub fn validate(&self) -> Vec<ConfigProblem> {
-        let mut p = Vec::new();
-        let mut bad = |path: &str, message: String| p.push(ConfigProblem { path: path.into(), message });
-        if self.store.path.as_os_str().is_empty() {
-            bad("store.path", "is empty; give a file path such as /var/lib/omen/omen.db".into());
-        }
-        if self.store.raw_retention_days == 0 {
-            bad(
-                "store.raw_retention_days",
-                "must be at least 1 (daily aggregates are built from raw samples)".into(),
-            );
-        }
-        if self.store.minute_retention_days < self.store.raw_retention_days {
-            bad("store.minute_retention_days", "must be >= store.raw_retention_days".into());
-        }
-        let forecast_days = self.forecast.lookback_days + self.forecast.worst_of_days.max(1) - 1;
-        if (self.store.day_retention_days as usize) < forecast_days {
-            bad(
-                "store.day_retention_days",
-                format!("must be >= forecast.lookback_days + forecast.worst_of_days - 1 ({forecast_days})"),
-            );
-        }
-        if self.http.max_body_bytes < 1024 {
-            bad(
-                "http.max_body_bytes",
-                format!("{} is too small; use at least 1024 (default 8388608)", self.http.max_body_bytes),
-            );
-        }
-        if self.http.ingest_queue == 0 {
-            bad("http.ingest_queue", "must be at least 1".into());
-        }
-        if let Some(var) = &self.http.ingest_token_env {
-            if var.is_empty() {
-                bad(
-                    "http.ingest_token_env",
-                    "is empty; name an environment variable, or remove the key".into(),
-                );
-            }
-        }
-        if let Some(t) = &self.sources.trace {
-            if !(t.speed >= 0.0 && t.speed.is_finite()) {
-                bad("sources.trace.speed", format!("{} must be >= 0 (0 = as fast as possible)", t.speed));
-            }
-        }
-        if let Some(c) = &self.sources.canary {
-            if let Err(e) = c.target.validate() {
-                bad("sources.canary.target", e.to_string());
-            }
-            if c.prompts.is_empty() {
-                bad(
-                    "sources.canary.prompts",
-                    "is empty; give at least one {id, prompt} or remove sources.canary".into(),
-                );
-            }
-            let mut ids = std::collections::HashSet::new();
-            for (i, prompt) in c.prompts.iter().enumerate() {
-                if let Err(e) = prompt.validate() {
-                    bad(&format!("sources.canary.prompts[{i}]"), e.to_string());
-                }
-                if !ids.insert(prompt.id.clone()) {
-                    bad(&format!("sources.canary.prompts[{i}].id"), format!("{:?} is used twice", prompt.id));
-                }
-            }
-            if c.interval < Duration::from_secs(1) {
-                bad("sources.canary.interval", "must be at least 1s".into());
-            }
-            if let Some(dir) = &c.bertscore_model_dir {
-                if let Err(message) = check_bertscore_model_dir(dir) {
-                    bad("sources.canary.bertscore_model_dir", message);
-                }
-            }
-        }
-        if let Some(m) = &self.sources.server_metrics {
-            if let Err(e) = omen_sources::Scraper::new(&m.url) {
-                bad("sources.server_metrics.url", e.to_string());
-            }
-            if m.interval < Duration::from_secs(1) {
-                bad("sources.server_metrics.interval", "must be at least 1s".into());
-            }
-        }
-        if self.sources.nvml.interval < Duration::from_millis(100) {
-            bad("sources.nvml.interval", "must be at least 100ms".into());
-        }
-        if self.signals.window < 3 {
-            bad(
-                "signals.window",
-                format!(
-                    "{} is too small; the skewness needs at least 3 samples (default 60)",
-                    self.signals.window
-                ),
-            );
-        }
-        if !(self.signals.anomaly_normal >= 0.0 && self.signals.anomaly_full > self.signals.anomaly_normal) {
-            bad("signals.anomaly_full", "must be greater than signals.anomaly_normal, both >= 0".into());
-        }
-        if self.signals.persistence == 0 {
-            bad("signals.persistence", "must be at least 1".into());
-        }
-        let w = &self.signals.rci_weights;
-        if let Err(e) = omen_signals::RciWeights::new(w.bleu, w.semantic, w.repetition) {
-            bad("signals.rci_weights", e.to_string());
-        }
-        let h = &self.health;
-        if !(0.0 < h.warning && h.warning < h.critical && h.critical <= 1.0) {
-            bad(
-                "health.warning",
-                format!("need 0 < warning ({}) < critical ({}) <= 1", h.warning, h.critical),
-            );
-        }
-        if h.interval < Duration::from_secs(1) {
-            bad("health.interval", "must be at least 1s".into());
-        }
-        let f = &self.forecast;
-        if f.horizon_days.is_nan() || f.horizon_days <= 0.0 {
-            bad("forecast.horizon_days", "must be > 0 (default 14)".into());
-        }
-        if f.min_days < 3 {
-            bad("forecast.min_days", "must be at least 3 days for a trend".into());
-        }
-        if f.lookback_days < f.min_days {
-            bad("forecast.lookback_days", "must be >= forecast.min_days".into());
-        }
-        if f.worst_of_days == 0 || f.worst_of_days > 31 {
-            bad(
-                "forecast.worst_of_days",
-                format!("{} must be in 1..=31 (7 removes a weekly cycle, 1 is off)", f.worst_of_days),
-            );
-        }
-        if !(f.confidence > 0.5 && f.confidence < 1.0) {
-            bad("forecast.confidence", format!("{} must be in (0.5, 1), e.g. 0.9", f.confidence));
-        }
-        let mut names = std::collections::HashSet::new();
-        for (i, slo) in f.slos.iter().enumerate() {
-            if slo.trend_scale() != TrendScale::Linear && (slo.threshold.is_nan() || slo.threshold <= 0.0) {
-                bad(
-                    &format!("forecast.slos[{i}].threshold"),
-                    format!(
-                        "{} must be > 0 on a log or reciprocal trend (or set scale: linear)",
-                        slo.threshold
-                    ),
-                );
-            }
-            if omen_sources::ingest::check_name(&format!("forecast.slos[{i}].name"), &slo.name).is_err() {
-                bad(
-                    &format!("forecast.slos[{i}].name"),
-                    format!("{:?}: use lower-case letters, digits and _", slo.name),
-                );
-            }
-            if !names.insert(slo.name.clone()) {
-                bad(&format!("forecast.slos[{i}].name"), format!("{:?} is used twice", slo.name));
-            }
-            if !slo.threshold.is_finite() {
-                bad(&format!("forecast.slos[{i}].threshold"), "must be a finite number".into());
-            }
-        }
+        let mut p = Problems::default();
+        validate_store(&self.store, &self.forecast, &mut p);
+        validate_http(&self.http, &mut p);
+        validate_sources(&self.sources, &mut p);
+        validate_signals(&self.signals, &mut p);
+        validate_health(&self.health, &mut p);
+        validate_forecast(&self.forecast, &mut p);
         if let Some(m) = &self.model {
-            if !cfg!(feature = "lstm") {
-                bad(
-                    "model.path",
-                    "this omen was built without the `lstm` feature; build with default features or remove the model section".into(),
-                );
-            } else if !m.path.is_file() {
-                bad(
-                    "model.path",
-                    format!(
-                        "{} does not exist; train one with `omen train --data DATA --out {}` or remove the model section",
-                        m.path.display(),
-                        m.path.display()
-                    ),
-                );
-            }
-            if m.threads == 0 {
-                bad("model.threads", "must be at least 1".into());
-            }
+            validate_model(m, &mut p);
         }
-        if let Some(path) = &self.worker.path {
-            if self.needs_worker() && !path.is_file() {
-                bad(
-                    "worker.path",
-                    format!(
-                        "{} does not exist; build the worker with `cargo build --release -p omen-worker` \
-                         (`make build`) or remove the key to use the omen-worker next to omen",
-                        path.display()
-                    ),
-                );
-            }
-        }
-        if self.worker.timeout < Duration::from_millis(100) {
-            bad(
-                "worker.timeout",
-                format!(
-                    "{:?} is too short: a BERTScore call takes tens of ms; use e.g. 30s",
-                    self.worker.timeout
-                ),
-            );
-        }
+        validate_worker(&self.worker, self.needs_worker(), &mut p);
         if let Some(o) = &self.otlp {
-            if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
-                bad("otlp.endpoint", format!("{:?} must start with http:// or https://", o.endpoint));
-            }
+            validate_otlp(o, &mut p);
         }
-        p
+        p.0
     }
 
     /// Whether a model runs: the LSTM-AE (`model`) or BERTScore
@@ -693,6 +446,208 @@ impl Config {
                 }),
             },
         }
+    }
+}
+
+/// The problems found so far, in the order the fields are checked.
+#[derive(Default)]
+struct Problems(Vec<ConfigProblem>);
+
+impl Problems {
+    /// Records that the field at `path` is wrong, and what to do.
+    fn bad(&mut self, path: &str, message: impl Into<String>) {
+        self.0.push(ConfigProblem { path: path.into(), message: message.into() });
+    }
+}
+
+/// `store`: a path, raw samples kept long enough to roll up, and enough days for the forecasts.
+fn validate_store(s: &StoreConfig, f: &ForecastConfig, p: &mut Problems) {
+    if s.path.as_os_str().is_empty() {
+        p.bad("store.path", "is empty; give a file path such as /var/lib/omen/omen.db");
+    }
+    if s.raw_retention_days == 0 {
+        p.bad("store.raw_retention_days", "must be at least 1 (daily aggregates are built from raw samples)");
+    }
+    if s.minute_retention_days < s.raw_retention_days {
+        p.bad("store.minute_retention_days", "must be >= store.raw_retention_days");
+    }
+    let forecast_days = f.lookback_days + f.worst_of_days.max(1) - 1;
+    if (s.day_retention_days as usize) < forecast_days {
+        p.bad(
+            "store.day_retention_days",
+            format!("must be >= forecast.lookback_days + forecast.worst_of_days - 1 ({forecast_days})"),
+        );
+    }
+}
+
+/// `http`: body and queue limits, and a named token variable.
+fn validate_http(h: &HttpConfig, p: &mut Problems) {
+    if h.max_body_bytes < 1024 {
+        p.bad(
+            "http.max_body_bytes",
+            format!("{} is too small; use at least 1024 (default 8388608)", h.max_body_bytes),
+        );
+    }
+    if h.ingest_queue == 0 {
+        p.bad("http.ingest_queue", "must be at least 1");
+    }
+    if let Some(var) = &h.ingest_token_env {
+        if var.is_empty() {
+            p.bad("http.ingest_token_env", "is empty; name an environment variable, or remove the key");
+        }
+    }
+}
+
+/// `sources`: each source checks its own section (omen-sources); the agent adds the trace
+/// speed and the BERTScore folder, which depends on how this omen was built.
+fn validate_sources(s: &SourcesConfig, p: &mut Problems) {
+    if let Some(t) = &s.trace {
+        if !(t.speed >= 0.0 && t.speed.is_finite()) {
+            p.bad("sources.trace.speed", format!("{} must be >= 0 (0 = as fast as possible)", t.speed));
+        }
+    }
+    if let Some(c) = &s.canary {
+        for (path, message) in c.problems() {
+            p.bad(&format!("sources.canary.{path}"), message);
+        }
+        if let Some(dir) = &c.bertscore_model_dir {
+            if let Err(message) = check_bertscore_model_dir(dir) {
+                p.bad("sources.canary.bertscore_model_dir", message);
+            }
+        }
+    }
+    if let Some(m) = &s.server_metrics {
+        for (path, message) in m.problems() {
+            p.bad(&format!("sources.server_metrics.{path}"), message);
+        }
+    }
+    for (path, message) in s.nvml.problems() {
+        p.bad(&format!("sources.nvml.{path}"), message);
+    }
+}
+
+/// `signals`: a window the skewness can use, ordered risk bounds, and valid RCI weights.
+fn validate_signals(s: &SignalsConfig, p: &mut Problems) {
+    if s.window < 3 {
+        p.bad(
+            "signals.window",
+            format!("{} is too small; the skewness needs at least 3 samples (default 60)", s.window),
+        );
+    }
+    if !(s.anomaly_normal >= 0.0 && s.anomaly_full > s.anomaly_normal) {
+        p.bad("signals.anomaly_full", "must be greater than signals.anomaly_normal, both >= 0");
+    }
+    if s.persistence == 0 {
+        p.bad("signals.persistence", "must be at least 1");
+    }
+    let w = &s.rci_weights;
+    if let Err(e) = omen_signals::RciWeights::new(w.bleu, w.semantic, w.repetition) {
+        p.bad("signals.rci_weights", e.to_string());
+    }
+}
+
+/// `health`: ordered bands within (0, 1] and an interval of at least 1 s.
+fn validate_health(h: &HealthConfig, p: &mut Problems) {
+    if !(0.0 < h.warning && h.warning < h.critical && h.critical <= 1.0) {
+        p.bad("health.warning", format!("need 0 < warning ({}) < critical ({}) <= 1", h.warning, h.critical));
+    }
+    if h.interval < Duration::from_secs(1) {
+        p.bad("health.interval", "must be at least 1s");
+    }
+}
+
+/// `forecast`: enough days for a trend, a usable confidence, and SLOs with unique valid
+/// names and thresholds their trend scale can take.
+fn validate_forecast(f: &ForecastConfig, p: &mut Problems) {
+    if f.horizon_days.is_nan() || f.horizon_days <= 0.0 {
+        p.bad("forecast.horizon_days", "must be > 0 (default 14)");
+    }
+    if f.min_days < 3 {
+        p.bad("forecast.min_days", "must be at least 3 days for a trend");
+    }
+    if f.lookback_days < f.min_days {
+        p.bad("forecast.lookback_days", "must be >= forecast.min_days");
+    }
+    if f.worst_of_days == 0 || f.worst_of_days > 31 {
+        p.bad(
+            "forecast.worst_of_days",
+            format!("{} must be in 1..=31 (7 removes a weekly cycle, 1 is off)", f.worst_of_days),
+        );
+    }
+    if !(f.confidence > 0.5 && f.confidence < 1.0) {
+        p.bad("forecast.confidence", format!("{} must be in (0.5, 1), e.g. 0.9", f.confidence));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, slo) in f.slos.iter().enumerate() {
+        if slo.trend_scale() != TrendScale::Linear && (slo.threshold.is_nan() || slo.threshold <= 0.0) {
+            p.bad(
+                &format!("forecast.slos[{i}].threshold"),
+                format!("{} must be > 0 on a log or reciprocal trend (or set scale: linear)", slo.threshold),
+            );
+        }
+        if omen_sources::ingest::check_name(&format!("forecast.slos[{i}].name"), &slo.name).is_err() {
+            p.bad(
+                &format!("forecast.slos[{i}].name"),
+                format!("{:?}: use lower-case letters, digits and _", slo.name),
+            );
+        }
+        if !names.insert(slo.name.clone()) {
+            p.bad(&format!("forecast.slos[{i}].name"), format!("{:?} is used twice", slo.name));
+        }
+        if !slo.threshold.is_finite() {
+            p.bad(&format!("forecast.slos[{i}].threshold"), "must be a finite number");
+        }
+    }
+}
+
+/// `model`: a build that can run it, an existing file, and at least one thread.
+fn validate_model(m: &ModelConfig, p: &mut Problems) {
+    if !cfg!(feature = "lstm") {
+        p.bad(
+            "model.path",
+            "this omen was built without the `lstm` feature; build with default features or remove the model section",
+        );
+    } else if !m.path.is_file() {
+        p.bad(
+            "model.path",
+            format!(
+                "{} does not exist; train one with `omen train --data DATA --out {}` or remove the model section",
+                m.path.display(),
+                m.path.display()
+            ),
+        );
+    }
+    if m.threads == 0 {
+        p.bad("model.threads", "must be at least 1");
+    }
+}
+
+/// `worker`: a configured binary exists when a model needs it, and the timeout allows a call.
+fn validate_worker(w: &WorkerConfig, needs_worker: bool, p: &mut Problems) {
+    if let Some(path) = &w.path {
+        if needs_worker && !path.is_file() {
+            p.bad(
+                "worker.path",
+                format!(
+                    "{} does not exist; build the worker with `cargo build --release -p omen-worker` \
+                     (`make build`) or remove the key to use the omen-worker next to omen",
+                    path.display()
+                ),
+            );
+        }
+    }
+    if w.timeout < Duration::from_millis(100) {
+        p.bad(
+            "worker.timeout",
+            format!("{:?} is too short: a BERTScore call takes tens of ms; use e.g. 30s", w.timeout),
+        );
+    }
+}
+
+/// `otlp`: an http(s) endpoint.
+fn validate_otlp(o: &OtlpConfig, p: &mut Problems) {
+    if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
+        p.bad("otlp.endpoint", format!("{:?} must start with http:// or https://", o.endpoint));
     }
 }
 

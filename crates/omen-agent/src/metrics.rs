@@ -140,7 +140,11 @@ impl LiveMetrics {
             shed: Family::default(),
             rejected: Family::default(),
         };
-        m.set_gauge(catalogue::BUILD_INFO.name, vec![("version".into(), env!("CARGO_PKG_VERSION").into())], 1.0);
+        m.set_gauge(
+            catalogue::BUILD_INFO.name,
+            vec![("version".into(), env!("CARGO_PKG_VERSION").into())],
+            1.0,
+        );
         m
     }
 

@@ -30,32 +30,36 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<Result<()>>> {
     // The pipeline owns the engine on its own thread: SQLite writes block.
     std::thread::Builder::new().name("omen-pipeline".into()).spawn(move || -> Result<()> {
-            ready.store(true, Ordering::Relaxed);
-            while let Some(job) = jobs.blocking_recv() {
-                let n = job.samples.len();
-                let result = engine.process(job.samples);
-                if let Err(e) = &result {
-                    error!("pipeline: batch of {n} samples not stored: {e:#}");
-                }
-                if let Some(ack) = job.ack {
-                    let _ = ack.send(result.map_err(|e| format!("{e:#}")));
-                }
+        ready.store(true, Ordering::Relaxed);
+        while let Some(job) = jobs.blocking_recv() {
+            let n = job.samples.len();
+            let result = engine.process(job.samples);
+            if let Err(e) = &result {
+                error!("pipeline: batch of {n} samples not stored: {e:#}");
             }
-            ready.store(false, Ordering::Relaxed);
-            // The open minute aggregates; they would be rebuilt from raw samples anyway.
-            if let Err(e) = engine.flush() {
-                error!("pipeline: open minute aggregates not written at shutdown: {e:#}");
+            if let Some(ack) = job.ack {
+                let _ = ack.send(result.map_err(|e| format!("{e:#}")));
             }
-            Ok(())
-        })
+        }
+        ready.store(false, Ordering::Relaxed);
+        // The open minute aggregates; they would be rebuilt from raw samples anyway.
+        if let Err(e) = engine.flush() {
+            error!("pipeline: open minute aggregates not written at shutdown: {e:#}");
+        }
+        Ok(())
+    })
 }
 
 /// Hands a source's samples to the pipeline; our sources never block on a full
 /// queue: they shed the round and count it.
-pub fn offer(live: &LiveMetrics, tx: &mpsc::Sender<IngestJob>, samples: Vec<omen_sources::Sample>, source: &str) {
+pub fn offer(
+    live: &LiveMetrics,
+    tx: &mpsc::Sender<IngestJob>,
+    samples: Vec<omen_sources::Sample>,
+    source: &str,
+) {
     let n = samples.len() as u64;
     if !samples.is_empty() && tx.try_send(IngestJob { samples, ack: None }).is_err() {
         live.shed.get_or_create(&vec![("reason".into(), format!("queue_full_{source}"))]).inc_by(n);
     }
 }
-

@@ -11,10 +11,10 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::http::{self, AppState};
-use crate::pipeline::IngestJob;
-use crate::sources;
 use crate::metrics::{self, LiveMetrics};
+use crate::pipeline::IngestJob;
 use crate::semantic;
+use crate::sources;
 use omen_store::Store;
 
 /// A running agent's handles (for tests and the binary).
@@ -203,4 +203,3 @@ fn serve(
         }
     })
 }
-

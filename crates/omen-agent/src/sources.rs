@@ -51,7 +51,11 @@ pub fn spawn_trace(
 }
 
 fn source_up(live: &LiveMetrics, source: &str, up: bool) {
-    live.set_gauge(catalogue::SOURCE_UP.name, vec![("source".into(), source.into())], if up { 1.0 } else { 0.0 });
+    live.set_gauge(
+        catalogue::SOURCE_UP.name,
+        vec![("source".into(), source.into())],
+        if up { 1.0 } else { 0.0 },
+    );
 }
 
 /// A task that runs `tick` every `interval` until shutdown.

@@ -316,7 +316,6 @@ pub fn run_in_worker(args: &[OsString]) -> anyhow::Result<u8> {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

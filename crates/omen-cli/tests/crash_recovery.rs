@@ -90,8 +90,7 @@ fn kill_9_loses_nothing_acknowledged() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(series, 50);
-    let stored =
-        omen_store::Store::open(&dir.path().join("omen.db")).unwrap().count("acked").unwrap() as u64;
+    let stored = omen_store::Store::open(&dir.path().join("omen.db")).unwrap().count("acked").unwrap() as u64;
     assert_eq!(acked, 1000);
     assert_eq!(stored, acked);
     // The open minutes were rebuilt from raw samples: minute aggregates equal the raw means.

@@ -44,7 +44,9 @@ fn the_sidecar_build_links_no_offline_tool_crates() {
 fn the_model_worker_links_neither_the_daemon_nor_its_exporters() {
     let worker = tree(&["-p", "omen-worker"]);
     assert!(worker.contains("omen-protocol") && worker.contains("tch"), "{worker:?}");
-    for daemon_only in ["omen-agent", "axum", "opentelemetry", "opentelemetry-otlp", "prometheus-client", "tonic"] {
+    for daemon_only in
+        ["omen-agent", "axum", "opentelemetry", "opentelemetry-otlp", "prometheus-client", "tonic"]
+    {
         assert!(!worker.contains(daemon_only), "omen-worker links {daemon_only}");
     }
     // rusqlite comes only with omen-store, which `omen train --data omen.db` reads (the

@@ -11,11 +11,10 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use omen_agent::config::Config;
-use omen_signals::DAY_MS;
-use omen_agent::engine::{AlertEvent, Level};
 use crate::simulate::{simulate, FaultKind, Labels, Scenario};
-
+use omen_agent::config::Config;
+use omen_agent::engine::{AlertEvent, Level};
+use omen_signals::DAY_MS;
 
 /// Targets the report checks.
 pub const TARGET_LEAD_DAYS: f64 = 14.0;

@@ -12,6 +12,7 @@ use serde::Serialize;
 use omen_agent::config::Config;
 use omen_agent::engine::{AlertEvent, Engine, HealthSummary, Level};
 use omen_agent::metrics::LiveMetrics;
+use omen_signals::catalogue;
 use omen_store::{Resolution, Store};
 
 /// The replay report (report.json).
@@ -134,7 +135,7 @@ fn plot(report: &ReplayReport, store: &Store, path: &Path) -> Result<()> {
             report.health_timeline.iter().map(|&(t, v)| (hours(t), v)),
             BLUE.stroke_width(2),
         ))?
-        .label("health_score")
+        .label(catalogue::HEALTH_SCORE.name)
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLUE));
     for e in &report.events {
         let color = match e.level {
@@ -150,7 +151,7 @@ fn plot(report: &ReplayReport, store: &Store, path: &Path) -> Result<()> {
     let step = ((report.last_ts_ms - report.first_ts_ms) / 600).max(60_000);
     let mut peaks: Vec<Peak> = store
         .range(
-            "anomaly_score",
+            catalogue::ANOMALY_SCORE.name,
             &BTreeMap::new(),
             report.first_ts_ms,
             report.last_ts_ms + 1,

@@ -18,9 +18,8 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use omen_agent::config::{Direction, SloIndicator};
-use omen_signals::DAY_MS;
 use omen_agent::engine::IndicatorDefinition;
-
+use omen_signals::{catalogue, DAY_MS};
 
 /// Errors of reading a scenario or writing its output.
 #[derive(Debug, thiserror::Error)]
@@ -204,8 +203,8 @@ impl Scenario {
             field,
             message,
         };
-        let s: Scenario =
-            omen_agent::config::from_yaml_at_path(text).map_err(|(field, message)| invalid(field, message))?;
+        let s: Scenario = omen_agent::config::from_yaml_at_path(text)
+            .map_err(|(field, message)| invalid(field, message))?;
         if s.name.is_empty() || !s.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
             return Err(invalid("name".into(), format!("{:?}: use letters, digits, - and _", s.name)));
         }
@@ -294,10 +293,10 @@ impl Scenario {
                 let lab = [("gpu", "0".to_owned()), ("layer", layer.to_string())];
                 // KV usage follows load (saturating near 1), KVF sits near 1.15 unless it creeps.
                 let usage = (0.5 * load + 0.01 * nz * normal(&mut rng)).clamp(0.0, 1.0);
-                push(&mut out, "kvcache_usage_ratio", &lab, usage);
+                push(&mut out, catalogue::KVCACHE_USAGE_RATIO.name, &lab, usage);
                 let creep = if kind == FaultKind::KvFragmentationCreep { mag * since } else { 0.0 };
                 let kvf = 1.15 + 0.03 * (load - 1.0) + creep + 0.012 * nz * normal(&mut rng).abs();
-                push(&mut out, "kvf_ratio", &lab, kvf.max(1.0));
+                push(&mut out, catalogue::KVF_RATIO.name, &lab, kvf.max(1.0));
             }
             let canary = [("canary", "capital".to_owned())];
             // TTFT: queueing grows with load, sharply past the knee (utilisation 1/1.6 of capacity).
@@ -307,17 +306,17 @@ impl Scenario {
             // Slowly varying (AR(1)) noise on top of per-request jitter.
             ttft_noise = 0.95 * ttft_noise + 0.05 * normal(&mut rng);
             let jitter = (0.18 * nz * normal(&mut rng) + 0.5 * nz * ttft_noise).exp();
-            push(&mut out, "canary_ttft_seconds", &canary, 0.12 * queue * context * jitter);
+            push(&mut out, catalogue::CANARY_TTFT_SECONDS.name, &canary, 0.12 * queue * context * jitter);
             let step_on = kind == FaultKind::ConsistencyDecay && faulty;
             let tle = if step_on { 1.20 + 0.6 * mag } else { 1.20 } + 0.004 * nz * normal(&mut rng);
-            push(&mut out, "tle_bits", &canary, tle);
+            push(&mut out, catalogue::TLE_BITS.name, &canary, tle);
             let rci = if step_on { 0.08 + mag } else { 0.08 } + 0.01 * nz * normal(&mut rng);
-            push(&mut out, "rci", &canary, rci.clamp(0.0, 1.0));
+            push(&mut out, catalogue::RCI.name, &canary, rci.clamp(0.0, 1.0));
             let gpu = [("gpu", "0".to_owned())];
             let leak = if kind == FaultKind::VramLeak { mag * 1e9 * since } else { 0.0 };
             let used = 62e9 + 0.5e9 * (load - 1.0) + leak + 0.05e9 * nz * normal(&mut rng);
-            push(&mut out, "gpu_memory_used_bytes", &gpu, used.min(80e9));
-            push(&mut out, "gpu_memory_total_bytes", &gpu, 80e9);
+            push(&mut out, catalogue::GPU_MEMORY_USED_BYTES.name, &gpu, used.min(80e9));
+            push(&mut out, catalogue::GPU_MEMORY_TOTAL_BYTES.name, &gpu, 80e9);
         }
         out
     }
@@ -379,7 +378,7 @@ fn breach_day(
 ) -> Option<i64> {
     let def = IndicatorDefinition::of(indicator);
     // The trace carries used and total GPU memory; the agent derives the headroom series.
-    let headroom = def.signal == "gpu_memory_headroom_ratio";
+    let headroom = def.signal == catalogue::GPU_MEMORY_HEADROOM_RATIO.name;
     // day -> series -> values
     let mut days: BTreeMap<i64, BTreeMap<String, Vec<f64>>> = BTreeMap::new();
     let mut used: BTreeMap<(i64, String), f64> = BTreeMap::new();
@@ -388,14 +387,16 @@ fn breach_day(
         let key = format!("{:?}", s.labels);
         let value = match s.signal.as_str() {
             signal if signal == def.signal => s.value,
-            "gpu_memory_used_bytes" if headroom => {
+            signal if headroom && signal == catalogue::GPU_MEMORY_USED_BYTES.name => {
                 used.insert((s.ts_ms, key), s.value);
                 continue;
             }
-            "gpu_memory_total_bytes" if headroom => match used.remove(&(s.ts_ms, key.clone())) {
-                Some(u) if s.value > 0.0 => (1.0 - u / s.value).clamp(0.0, 1.0),
-                _ => continue,
-            },
+            signal if headroom && signal == catalogue::GPU_MEMORY_TOTAL_BYTES.name => {
+                match used.remove(&(s.ts_ms, key.clone())) {
+                    Some(u) if s.value > 0.0 => (1.0 - u / s.value).clamp(0.0, 1.0),
+                    _ => continue,
+                }
+            }
             _ => continue,
         };
         days.entry(day).or_default().entry(key).or_default().push(value);

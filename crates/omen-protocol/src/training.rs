@@ -237,14 +237,7 @@ fn store_samples(path: &Path, step: Duration) -> Result<Vec<Sample>> {
         if catalogue::is_derived(&signal) {
             continue;
         }
-        let range = store.range(
-            &signal,
-            &BTreeMap::new(),
-            from,
-            until + 1,
-            step_ms,
-            Resolution::Raw,
-        )?;
+        let range = store.range(&signal, &BTreeMap::new(), from, until + 1, step_ms, Resolution::Raw)?;
         for series in range {
             for (ts_ms, value) in series.points {
                 out.push(Sample { ts_ms, signal: signal.clone(), labels: series.labels.clone(), value });

@@ -13,14 +13,15 @@
 //! reqwest's `rustls` (or `native-tls`) feature enabled in this crate.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use eventsource_stream::{EventStreamError, Eventsource as _};
 use futures_util::StreamExt as _;
 use omen_signals::{
-    consistency_decay_index, first_token_entropy_from_top_logprobs, BleuReference, Rci, RciParts, RciWeights,
-    SignalError, StreamingRci, TopKEntropy,
+    catalogue, consistency_decay_index, first_token_entropy_from_top_logprobs, BleuReference, Rci, RciParts,
+    RciWeights, SignalError, StreamingRci, TopKEntropy,
 };
 use serde::Deserialize;
 
@@ -102,6 +103,61 @@ pub struct Canary {
     /// Use `/chat/completions` (default true) or `/completions`.
     #[serde(default = "default_chat")]
     pub chat: bool,
+}
+
+/// The canary source's section of the agent config (`sources.canary` in omen.yaml).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanarySourceConfig {
+    /// Time between probe rounds (every prompt once per round).
+    #[serde(default = "default_canary_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// The OpenAI-compatible endpoint.
+    pub target: CanaryTarget,
+    /// Environment variable holding the API key, if the server needs one.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The canary prompts.
+    pub prompts: Vec<Canary>,
+    /// Folder with the BERTScore model (all-MiniLM-L6-v2: config.json, tokenizer.json,
+    /// model.safetensors; `make setup` puts it in .models/all-MiniLM-L6-v2). Unset = RCI
+    /// without its semantic part, the other weights renormalised.
+    #[serde(default)]
+    pub bertscore_model_dir: Option<PathBuf>,
+}
+
+fn default_canary_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+impl CanarySourceConfig {
+    /// Every problem of the section as (field path within the section, what to do), in field
+    /// order. `bertscore_model_dir` is left to the agent, whose build decides whether BERTScore runs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        if let Err(e) = self.target.validate() {
+            p.push(("target".to_owned(), e.to_string()));
+        }
+        if self.prompts.is_empty() {
+            p.push((
+                "prompts".to_owned(),
+                "is empty; give at least one {id, prompt} or remove sources.canary".to_owned(),
+            ));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, prompt) in self.prompts.iter().enumerate() {
+            if let Err(e) = prompt.validate() {
+                p.push((format!("prompts[{i}]"), e.to_string()));
+            }
+            if !ids.insert(prompt.id.clone()) {
+                p.push((format!("prompts[{i}].id"), format!("{:?} is used twice", prompt.id)));
+            }
+        }
+        if self.interval < Duration::from_secs(1) {
+            p.push(("interval".to_owned(), "must be at least 1s".to_owned()));
+        }
+        p
+    }
 }
 
 /// Why a probe failed: what was asked, what went wrong, and what to do about it.
@@ -396,22 +452,24 @@ impl CanaryResult {
             labels: labels.clone(),
             value,
         };
-        let mut out =
-            vec![sample("tle_bits", self.tle.entropy_bits), sample("tle_bits_upper", self.tle.upper_bits)];
+        let mut out = vec![
+            sample(catalogue::TLE_BITS.name, self.tle.entropy_bits),
+            sample(catalogue::TLE_BITS_UPPER.name, self.tle.upper_bits),
+        ];
         if let Some(rci) = &self.rci {
-            out.push(sample("rci", rci.value));
-            out.push(sample("rci_bleu", rci.parts.bleu));
-            out.push(sample("rci_repetition_ratio", rci.parts.repetition_ratio));
+            out.push(sample(catalogue::RCI.name, rci.value));
+            out.push(sample(catalogue::RCI_BLEU.name, rci.parts.bleu));
+            out.push(sample(catalogue::RCI_REPETITION_RATIO.name, rci.parts.repetition_ratio));
             if let Some(f1) = rci.parts.semantic_f1 {
-                out.push(sample("rci_bertscore_f1", f1));
+                out.push(sample(catalogue::RCI_BERTSCORE_F1.name, f1));
             }
         }
-        out.push(sample("canary_ttft_seconds", self.ttft_s));
+        out.push(sample(catalogue::CANARY_TTFT_SECONDS.name, self.ttft_s));
         if let Some(tpot) = self.tpot_s {
-            out.push(sample("canary_tpot_seconds", tpot));
+            out.push(sample(catalogue::CANARY_TPOT_SECONDS.name, tpot));
         }
-        out.push(sample("canary_e2e_seconds", self.e2e_s));
-        out.push(sample("canary_tokens", self.tokens as f64));
+        out.push(sample(catalogue::CANARY_E2E_SECONDS.name, self.e2e_s));
+        out.push(sample(catalogue::CANARY_TOKENS.name, self.tokens as f64));
         out
     }
 }

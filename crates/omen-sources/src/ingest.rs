@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use omen_signals::{
-    catalogue,
-    first_token_entropy_bits, first_token_entropy_from_top_logprobs, fragmentation_from_bitmap,
+    catalogue, first_token_entropy_bits, first_token_entropy_from_top_logprobs, fragmentation_from_bitmap,
     fragmentation_from_extents, Fragmentation,
 };
 use serde::Deserialize;

@@ -12,10 +12,13 @@ pub mod scrape;
 pub mod trace;
 pub mod trace_file;
 
-pub use clock::now_ms;
+pub use canary::CanarySourceConfig;
 pub use canary::{error_chain, probe, Canary, CanaryError, CanaryResult, CanaryTarget};
+pub use clock::now_ms;
+pub use nvml::NvmlSourceConfig;
 pub use nvml::{GpuSampler, NvmlError};
 pub use sample::{Sample, SeriesKey};
+pub use scrape::ServerMetricsConfig;
 pub use scrape::{ScrapeError, Scraper, ServerKind};
 pub use trace::{read_jsonl_trace, TraceError};
 pub use trace_file::{TraceBatch, TraceFileError};

@@ -4,12 +4,43 @@
 //! [`NvmlError::Unavailable`]; the agent logs it once and runs with GPU signals off.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::Nvml;
+use omen_signals::catalogue;
+use serde::Deserialize;
 
 use crate::Sample;
+
+/// The NVML source's section of the agent config (`sources.nvml` in omen.yaml).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NvmlSourceConfig {
+    /// Try NVML at start-up.
+    pub enabled: bool,
+    /// Sampling interval.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for NvmlSourceConfig {
+    fn default() -> Self {
+        Self { enabled: true, interval: Duration::from_secs(10) }
+    }
+}
+
+impl NvmlSourceConfig {
+    /// Every problem of the section as (field path within the section, what to do).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        if self.interval < Duration::from_millis(100) {
+            p.push(("interval".to_owned(), "must be at least 100ms".to_owned()));
+        }
+        p
+    }
+}
 
 /// Why GPU sampling is off or a reading failed.
 #[derive(Debug, thiserror::Error)]
@@ -114,13 +145,13 @@ impl GpuSampler {
                 Ok(m) => {
                     out.push(Sample {
                         ts_ms,
-                        signal: "gpu_memory_used_bytes".into(),
+                        signal: catalogue::GPU_MEMORY_USED_BYTES.name.into(),
                         labels: labels.clone(),
                         value: m.used as f64,
                     });
                     out.push(Sample {
                         ts_ms,
-                        signal: "gpu_memory_total_bytes".into(),
+                        signal: catalogue::GPU_MEMORY_TOTAL_BYTES.name.into(),
                         labels: labels.clone(),
                         value: m.total as f64,
                     });
@@ -151,7 +182,7 @@ impl GpuSampler {
                 labels.insert("pid".into(), pid.to_string());
                 out.push(Sample {
                     ts_ms,
-                    signal: "gpu_process_memory_bytes".into(),
+                    signal: catalogue::GPU_PROCESS_MEMORY_BYTES.name.into(),
                     labels,
                     value: bytes as f64,
                 });

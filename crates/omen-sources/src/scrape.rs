@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use omen_signals::catalogue;
 use prom_text_format_parser::{Metric, ScrapeParseError, Type, ValueType};
+use serde::Deserialize;
 
 use crate::Sample;
 
@@ -128,47 +130,51 @@ fn rule(name: &str) -> Option<(ServerKind, Rule)> {
     let r = match name {
         // vLLM (V1 names first, then the V0 names they replaced)
         "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => (Vllm, Value("kvcache_usage_ratio")),
-        "vllm:num_requests_waiting" => (Vllm, Value("server_requests_waiting")),
-        "vllm:num_requests_running" => (Vllm, Value("server_requests_running")),
-        "vllm:num_preemptions_total" => (Vllm, Value("server_preemptions_total")),
-        "vllm:time_to_first_token_seconds" => (Vllm, P99("server_ttft_p99_seconds")),
+        "vllm:num_requests_waiting" => (Vllm, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
+        "vllm:num_requests_running" => (Vllm, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
+        "vllm:num_preemptions_total" => (Vllm, Value(catalogue::SERVER_PREEMPTIONS_TOTAL.name)),
+        "vllm:time_to_first_token_seconds" => (Vllm, P99(catalogue::SERVER_TTFT_P99_SECONDS.name)),
         "vllm:inter_token_latency_seconds" | "vllm:time_per_output_token_seconds" => {
-            (Vllm, P99("server_itl_p99_seconds"))
+            (Vllm, P99(catalogue::SERVER_ITL_P99_SECONDS.name))
         }
-        "vllm:e2e_request_latency_seconds" => (Vllm, P99("server_e2e_p99_seconds")),
-        "vllm:request_queue_time_seconds" => (Vllm, P99("server_queue_p99_seconds")),
+        "vllm:e2e_request_latency_seconds" => (Vllm, P99(catalogue::SERVER_E2E_P99_SECONDS.name)),
+        "vllm:request_queue_time_seconds" => (Vllm, P99(catalogue::SERVER_QUEUE_P99_SECONDS.name)),
         "vllm:prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits_total" => {
-            (Vllm, RatioHits("server_prefix_cache_hit_ratio"))
+            (Vllm, RatioHits(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name))
         }
         "vllm:prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries_total" => {
-            (Vllm, RatioQueries("server_prefix_cache_hit_ratio"))
+            (Vllm, RatioQueries(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name))
         }
-        "vllm:gpu_prefix_cache_hit_rate" => (Vllm, Value("server_prefix_cache_hit_ratio")),
+        "vllm:gpu_prefix_cache_hit_rate" => (Vllm, Value(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name)),
         // SGLang
         "sglang:token_usage" => (Sglang, Value("kvcache_usage_ratio")),
-        "sglang:num_queue_reqs" => (Sglang, Value("server_requests_waiting")),
-        "sglang:num_running_reqs" => (Sglang, Value("server_requests_running")),
-        "sglang:cache_hit_rate" => (Sglang, Value("server_prefix_cache_hit_ratio")),
-        "sglang:gen_throughput" => (Sglang, Value("server_generation_tokens_per_second")),
-        "sglang:time_to_first_token_seconds" => (Sglang, P99("server_ttft_p99_seconds")),
+        "sglang:num_queue_reqs" => (Sglang, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
+        "sglang:num_running_reqs" => (Sglang, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
+        "sglang:cache_hit_rate" => (Sglang, Value(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name)),
+        "sglang:gen_throughput" => (Sglang, Value(catalogue::SERVER_GENERATION_TOKENS_PER_SECOND.name)),
+        "sglang:time_to_first_token_seconds" => (Sglang, P99(catalogue::SERVER_TTFT_P99_SECONDS.name)),
         "sglang:inter_token_latency_seconds" | "sglang:time_per_output_token_seconds" => {
-            (Sglang, P99("server_itl_p99_seconds"))
+            (Sglang, P99(catalogue::SERVER_ITL_P99_SECONDS.name))
         }
-        "sglang:e2e_request_latency_seconds" => (Sglang, P99("server_e2e_p99_seconds")),
+        "sglang:e2e_request_latency_seconds" => (Sglang, P99(catalogue::SERVER_E2E_P99_SECONDS.name)),
         // TGI
-        "tgi_queue_size" => (Tgi, Value("server_requests_waiting")),
-        "tgi_batch_current_size" => (Tgi, Value("server_requests_running")),
-        "tgi_request_queue_duration" => (Tgi, P99("server_queue_p99_seconds")),
-        "tgi_request_mean_time_per_token_duration" => (Tgi, P99("server_itl_p99_seconds")),
-        "tgi_request_duration" => (Tgi, P99("server_e2e_p99_seconds")),
+        "tgi_queue_size" => (Tgi, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
+        "tgi_batch_current_size" => (Tgi, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
+        "tgi_request_queue_duration" => (Tgi, P99(catalogue::SERVER_QUEUE_P99_SECONDS.name)),
+        "tgi_request_mean_time_per_token_duration" => (Tgi, P99(catalogue::SERVER_ITL_P99_SECONDS.name)),
+        "tgi_request_duration" => (Tgi, P99(catalogue::SERVER_E2E_P99_SECONDS.name)),
         // llama.cpp
-        "llamacpp:requests_processing" => (LlamaCpp, Value("server_requests_running")),
-        "llamacpp:requests_deferred" => (LlamaCpp, Value("server_requests_waiting")),
-        "llamacpp:prompt_tokens_seconds" => (LlamaCpp, Value("server_prompt_tokens_per_second")),
-        "llamacpp:predicted_tokens_seconds" => (LlamaCpp, Value("server_generation_tokens_per_second")),
+        "llamacpp:requests_processing" => (LlamaCpp, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
+        "llamacpp:requests_deferred" => (LlamaCpp, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
+        "llamacpp:prompt_tokens_seconds" => {
+            (LlamaCpp, Value(catalogue::SERVER_PROMPT_TOKENS_PER_SECOND.name))
+        }
+        "llamacpp:predicted_tokens_seconds" => {
+            (LlamaCpp, Value(catalogue::SERVER_GENERATION_TOKENS_PER_SECOND.name))
+        }
         "llamacpp:kv_cache_usage_ratio" => (LlamaCpp, Value("kvcache_usage_ratio")),
-        "llamacpp:kv_cache_tokens" => (LlamaCpp, Value("server_kvcache_tokens")),
-        "llamacpp:n_busy_slots_per_decode" => (LlamaCpp, Value("server_busy_slots_per_decode")),
+        "llamacpp:kv_cache_tokens" => (LlamaCpp, Value(catalogue::SERVER_KVCACHE_TOKENS.name)),
+        "llamacpp:n_busy_slots_per_decode" => (LlamaCpp, Value(catalogue::SERVER_BUSY_SLOTS_PER_DECODE.name)),
         _ => return None,
     };
     Some(r)
@@ -177,6 +183,42 @@ fn rule(name: &str) -> Option<(ServerKind, Rule)> {
 type Labels = BTreeMap<String, String>;
 
 /// Identity of a source series between scrapes: metric name and labels (without `le`).
+/// The scrape source's section of the agent config (`sources.server_metrics` in omen.yaml).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerMetricsConfig {
+    /// e.g. http://127.0.0.1:8000/metrics
+    pub url: String,
+    /// Scrape interval.
+    #[serde(default = "default_scrape_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Request timeout.
+    #[serde(default = "default_scrape_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+fn default_scrape_interval() -> Duration {
+    Duration::from_secs(15)
+}
+
+fn default_scrape_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl ServerMetricsConfig {
+    /// Every problem of the section as (field path within the section, what to do), in field order.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        if let Err(e) = Scraper::new(&self.url) {
+            p.push(("url".to_owned(), e.to_string()));
+        }
+        if self.interval < Duration::from_secs(1) {
+            p.push(("interval".to_owned(), "must be at least 1s".to_owned()));
+        }
+        p
+    }
+}
+
 type StateKey = (String, Labels);
 
 /// Scrapes one server's `/metrics` and remembers the counts needed for deltas.

@@ -6,10 +6,10 @@ use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 
 use anyhow::{Context, Result};
-use omen_protocol::worker::{Reply, Request};
 use omen_model::bertscore::BertScorer;
 use omen_model::features::FeatureBuilder;
 use omen_model::lstm_ae::{self, LstmAutoencoder};
+use omen_protocol::worker::{Reply, Request};
 use omen_signals::rci::SemanticSimilarity;
 
 /// An LSTM-AE model with its streaming feature state.

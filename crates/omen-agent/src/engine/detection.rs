@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Result;
-use omen_signals::WindowAnomaly;
+use omen_signals::{catalogue, WindowAnomaly};
 use omen_sources::Sample;
 
 use super::ingest::Batch;
@@ -119,14 +119,17 @@ impl Engine {
             match &state.anomaly_gauge {
                 Some(g) => g.set(score.score),
                 None => {
-                    state.anomaly_gauge =
-                        self.live.gauge_handle("anomaly_score", to_labels(&state.anomaly_labels), score.score)
+                    state.anomaly_gauge = self.live.gauge_handle(
+                        catalogue::ANOMALY_SCORE.name,
+                        to_labels(&state.anomaly_labels),
+                        score.score,
+                    )
                 }
             }
             let keep_score = batch.keep(&mut state.last_anomaly_raw_ms, s.ts_ms);
             let anomaly = Sample {
                 ts_ms: s.ts_ms,
-                signal: "anomaly_score".into(),
+                signal: catalogue::ANOMALY_SCORE.name.into(),
                 labels: state.anomaly_labels.clone(),
                 value: score.score,
             };

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use omen_signals::{days_to_breach, theil_sen, trailing_worst, BreachDirection};
+use omen_signals::{catalogue, days_to_breach, theil_sen, trailing_worst, BreachDirection};
 use omen_sources::Sample;
 use serde::Serialize;
 
@@ -107,8 +107,8 @@ impl Engine {
         for f in forecasts {
             let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();
             for (name, value) in [
-                ("forecast_days_to_breach", f.days_to_breach),
-                ("forecast_days_to_breach_upper", f.days_to_breach_upper),
+                (catalogue::FORECAST_DAYS_TO_BREACH.name, f.days_to_breach),
+                (catalogue::FORECAST_DAYS_TO_BREACH_UPPER.name, f.days_to_breach_upper),
             ] {
                 match value {
                     Some(v) => {
@@ -170,13 +170,13 @@ impl IndicatorDefinition {
     pub fn of(indicator: SloIndicator) -> Self {
         use CombineSeries::{Max, Mean, Min};
         let (signal, statistic, combine) = match indicator {
-            SloIndicator::TtftP99 => ("canary_ttft_seconds", DailyStatistic::P99, Max),
-            SloIndicator::KvUsage => ("kvcache_usage_ratio", DailyStatistic::P95, Max),
-            SloIndicator::Kvf => ("kvf_ratio", DailyStatistic::P95, Max),
-            SloIndicator::VramHeadroom => ("gpu_memory_headroom_ratio", DailyStatistic::Min, Min),
-            SloIndicator::Rci => ("rci", DailyStatistic::Mean, Mean),
+            SloIndicator::TtftP99 => (catalogue::CANARY_TTFT_SECONDS, DailyStatistic::P99, Max),
+            SloIndicator::KvUsage => (catalogue::KVCACHE_USAGE_RATIO, DailyStatistic::P95, Max),
+            SloIndicator::Kvf => (catalogue::KVF_RATIO, DailyStatistic::P95, Max),
+            SloIndicator::VramHeadroom => (catalogue::GPU_MEMORY_HEADROOM_RATIO, DailyStatistic::Min, Min),
+            SloIndicator::Rci => (catalogue::RCI, DailyStatistic::Mean, Mean),
         };
-        Self { signal, statistic, combine }
+        Self { signal: signal.name, statistic, combine }
     }
 }
 
@@ -243,9 +243,20 @@ mod tests {
     use super::super::testing::engine;
     use super::super::Engine;
     use super::SloForecast;
+    use super::{catalogue, IndicatorDefinition};
+    use crate::config::SloIndicator;
+
+    #[test]
+    fn every_indicator_reads_the_signal_the_catalogue_names() {
+        for spelling in ["ttft_p99", "kv_usage", "kvf", "vram_headroom", "rci"] {
+            let indicator: SloIndicator = serde_yaml::from_str(spelling).unwrap();
+            let signal = catalogue::indicator_signal(spelling).unwrap();
+            assert_eq!(IndicatorDefinition::of(indicator).signal, signal.name, "{spelling}");
+        }
+    }
     use crate::config::TrendScale;
-    use omen_store::DAY_MS;
     use omen_sources::Sample;
+    use omen_store::DAY_MS;
 
     #[test]
     fn rising_kv_usage_gives_an_early_warning() {

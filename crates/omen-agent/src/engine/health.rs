@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use omen_signals::catalogue;
 use omen_sources::Sample;
 use serde::Serialize;
 
@@ -90,7 +91,7 @@ impl Engine {
         if forecasts.iter().any(|f| f.early_warning) {
             health = health.max(self.cfg.health.warning);
         }
-        if let Some(lstm) = self.live.gauge("lstm_ae_score", &Vec::new()) {
+        if let Some(lstm) = self.live.gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new()) {
             health = health.max(lstm);
         }
         health
@@ -100,11 +101,11 @@ impl Engine {
     pub(super) fn publish_health(&self, now_ms: i64, health: f64, out: &mut Vec<Sample>) {
         out.push(Sample {
             ts_ms: now_ms,
-            signal: "health_score".into(),
+            signal: catalogue::HEALTH_SCORE.name.into(),
             labels: BTreeMap::new(),
             value: health,
         });
-        self.live.set_gauge("health_score", Vec::new(), health);
+        self.live.set_gauge(catalogue::HEALTH_SCORE.name, Vec::new(), health);
     }
 
     /// Records an alert event when the level changed since the last tick, naming the top

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use omen_signals::catalogue;
 use omen_sources::Sample;
 
 use super::{to_labels, Engine};
@@ -69,14 +70,20 @@ impl Engine {
     /// Canary latencies feed the histograms; GPU used/total pairs give headroom.
     pub(super) fn observe_special(&mut self, s: &Sample, derived: &mut Vec<(Sample, bool)>) {
         let canary_labels = || to_labels(&s.labels);
+        // The catalogue's names as constants, so that they can be match patterns.
+        const CANARY_TTFT: &str = catalogue::CANARY_TTFT_SECONDS.name;
+        const CANARY_TPOT: &str = catalogue::CANARY_TPOT_SECONDS.name;
+        const CANARY_E2E: &str = catalogue::CANARY_E2E_SECONDS.name;
+        const GPU_USED: &str = catalogue::GPU_MEMORY_USED_BYTES.name;
+        const GPU_TOTAL: &str = catalogue::GPU_MEMORY_TOTAL_BYTES.name;
         match s.signal.as_str() {
-            "canary_ttft_seconds" => self.live.record_latency("ttft_seconds", canary_labels(), s.value),
-            "canary_tpot_seconds" => self.live.record_latency("tpot_seconds", canary_labels(), s.value),
-            "canary_e2e_seconds" => self.live.record_latency("e2e_seconds", canary_labels(), s.value),
-            "gpu_memory_used_bytes" | "gpu_memory_total_bytes" => {
+            CANARY_TTFT => self.live.record_latency(catalogue::TTFT_SECONDS.name, canary_labels(), s.value),
+            CANARY_TPOT => self.live.record_latency(catalogue::TPOT_SECONDS.name, canary_labels(), s.value),
+            CANARY_E2E => self.live.record_latency(catalogue::E2E_SECONDS.name, canary_labels(), s.value),
+            GPU_USED | GPU_TOTAL => {
                 let gpu = s.labels.get("gpu").cloned().unwrap_or_default();
                 let entry = self.gpu_memory.entry(gpu.clone()).or_default();
-                if s.signal == "gpu_memory_used_bytes" {
+                if s.signal == GPU_USED {
                     entry.0 = Some(s.value);
                 } else {
                     entry.1 = Some(s.value);
@@ -87,7 +94,7 @@ impl Engine {
                         let labels: BTreeMap<String, String> = [("gpu".to_owned(), gpu)].into();
                         let headroom = Sample {
                             ts_ms: s.ts_ms,
-                            signal: "gpu_memory_headroom_ratio".into(),
+                            signal: catalogue::GPU_MEMORY_HEADROOM_RATIO.name.into(),
                             labels,
                             value: (1.0 - used / total).clamp(0.0, 1.0),
                         };

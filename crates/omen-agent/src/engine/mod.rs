@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Result;
+use omen_signals::catalogue;
 use omen_sources::Sample;
 
 use crate::config::Config;
@@ -30,15 +31,6 @@ pub use health::{AlertEvent, Contributor, HealthSummary, Level};
 
 use detection::SeriesMap;
 use ingest::Batch;
-
-/// Signals the engine itself produces; they are not scored again (nor used as model inputs).
-pub const DERIVED: &[&str] = &[
-    "anomaly_score",
-    "health_score",
-    "forecast_days_to_breach",
-    "forecast_days_to_breach_upper",
-    "lstm_ae_score",
-];
 
 /// The pipeline state.
 pub struct Engine {
@@ -129,7 +121,7 @@ impl Engine {
         for (i, s) in samples.iter().enumerate() {
             self.clock_ms = self.clock_ms.max(s.ts_ms);
             self.observe_special(s, &mut batch.derived);
-            if DERIVED.contains(&s.signal.as_str()) {
+            if catalogue::is_derived(&s.signal) {
                 // The engine's own signals (replayed) are published and stored, not scored.
                 self.live.set_gauge(&s.signal, to_labels(&s.labels), s.value);
                 batch.push(true, None);

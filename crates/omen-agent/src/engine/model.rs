@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use omen_signals::catalogue;
 use omen_sources::Sample;
 
 use super::Engine;
@@ -42,22 +43,24 @@ impl Engine {
                     );
                     self.model_failing = true;
                 }
-                self.live.remove_gauge("lstm_ae_score", &Vec::new());
+                self.live.remove_gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new());
                 return;
             }
         };
         match tick {
             crate::lstm_live::Tick::Scored { severity, .. } => {
-                self.live.set_gauge("lstm_ae_score", Vec::new(), severity);
+                self.live.set_gauge(catalogue::LSTM_AE_SCORE.name, Vec::new(), severity);
                 out.push(Sample {
                     ts_ms: now_ms,
-                    signal: "lstm_ae_score".into(),
+                    signal: catalogue::LSTM_AE_SCORE.name.into(),
                     labels: BTreeMap::new(),
                     value: severity,
                 });
             }
             // A source went silent: an old score must not hold the health score up.
-            crate::lstm_live::Tick::Missing => self.live.remove_gauge("lstm_ae_score", &Vec::new()),
+            crate::lstm_live::Tick::Missing => {
+                self.live.remove_gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new())
+            }
             crate::lstm_live::Tick::Filling => {}
         }
     }

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use omen_signals::catalogue;
 use omen_sources::now_ms;
 
 use anyhow::{bail, Context, Result};
@@ -423,10 +424,10 @@ impl Node {
             bodies.push((format!("{base}/v1/ingest/logits"), serde_json::to_vec(&payload)?));
             let (ttft, tpot, e2e, rci) = c.latencies(&mut self.rng);
             for (signal, value) in [
-                ("canary_ttft_seconds", ttft),
-                ("canary_tpot_seconds", tpot),
-                ("canary_e2e_seconds", e2e),
-                ("rci", rci),
+                (catalogue::CANARY_TTFT_SECONDS.name, ttft),
+                (catalogue::CANARY_TPOT_SECONDS.name, tpot),
+                (catalogue::CANARY_E2E_SECONDS.name, e2e),
+                (catalogue::RCI.name, rci),
             ] {
                 samples.push(json!({ "signal": signal, "labels": { "canary": c.name }, "value": value, "ts_ms": ts_ms }));
             }
