@@ -243,7 +243,7 @@ pub struct ForecastConfig {
 impl Default for ForecastConfig {
     fn default() -> Self {
         Self {
-            horizon_days: 14.0,
+            horizon_days: omen_signals::EARLY_WARNING_DAYS,
             min_days: 7,
             lookback_days: 28,
             confidence: 0.9,
@@ -251,7 +251,7 @@ impl Default for ForecastConfig {
             slos: vec![
                 SloConfig::new("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above),
                 SloConfig::new("kv_usage", SloIndicator::KvUsage, 0.95, Direction::Above),
-                SloConfig::new("kvf", SloIndicator::Kvf, 1.8, Direction::Above),
+                SloConfig::new("kvf", SloIndicator::Kvf, omen_signals::KVF_ALERT_THRESHOLD, Direction::Above),
                 SloConfig::new("vram_headroom", SloIndicator::VramHeadroom, 0.05, Direction::Below),
                 SloConfig::new("rci", SloIndicator::Rci, 0.5, Direction::Above),
             ],

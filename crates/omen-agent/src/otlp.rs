@@ -58,8 +58,6 @@ pub const TTFT_NAME: &str = catalogue::TTFT_SECONDS.otlp_name;
 pub const TPOT_NAME: &str = catalogue::TPOT_SECONDS.otlp_name;
 /// OTLP name of the canary end-to-end latency histogram.
 pub const E2E_NAME: &str = catalogue::E2E_SECONDS.otlp_name;
-/// OTLP name of the per-layer KV-cache usage gauge.
-pub const KV_USAGE_NAME: &str = catalogue::KVCACHE_USAGE_RATIO.otlp_name;
 /// OTLP name of the exporter's own failure counter.
 pub const EXPORT_FAILURES_NAME: &str = "omen.otlp.export_failures";
 
@@ -566,7 +564,10 @@ mod tests {
 
     #[test]
     fn names_follow_the_mapping() {
-        assert_eq!(otlp_gauge_name("kvcache_usage_ratio").as_deref(), Some(KV_USAGE_NAME));
+        assert_eq!(
+            otlp_gauge_name("kvcache_usage_ratio").as_deref(),
+            Some(catalogue::KVCACHE_USAGE_RATIO.otlp_name)
+        );
         assert_eq!(otlp_gauge_name("kvf_ratio").as_deref(), Some("omen.kvf_ratio"));
         assert_eq!(
             otlp_gauge_name("forecast_days_to_breach").as_deref(),

@@ -75,7 +75,9 @@ impl FaultKind {
     pub fn slo(self) -> Option<(&'static str, SloIndicator, f64, Direction)> {
         match self {
             FaultKind::Healthy => None,
-            FaultKind::KvFragmentationCreep => Some(("kvf", SloIndicator::Kvf, 1.8, Direction::Above)),
+            FaultKind::KvFragmentationCreep => {
+                Some(("kvf", SloIndicator::Kvf, omen_signals::KVF_ALERT_THRESHOLD, Direction::Above))
+            }
             FaultKind::VramLeak => {
                 Some(("vram_headroom", SloIndicator::VramHeadroom, 0.05, Direction::Below))
             }

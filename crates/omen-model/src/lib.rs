@@ -13,11 +13,9 @@ pub mod normalize;
 pub mod pot;
 #[cfg(feature = "torch")]
 pub mod prune;
-pub mod windows;
 
 pub use normalize::Normalizer;
 pub use pot::{PotThreshold, SeverityMap};
-pub use windows::sliding_windows;
 
 /// Errors of the model building blocks; each names the input and the fix.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -121,12 +121,8 @@ impl GpuSampler {
     }
 
     /// Memory samples at `ts_ms`: `gpu_memory_used_bytes{gpu}`, `gpu_memory_total_bytes{gpu}`,
-    /// `gpu_process_memory_bytes{gpu,pid}`. A GPU whose reading fails is left out.
-    pub fn sample(&self, ts_ms: i64) -> Vec<Sample> {
-        self.sample_with_errors(ts_ms).0
-    }
-
-    /// As [`GpuSampler::sample`], also returning the readings that failed.
+    /// `gpu_process_memory_bytes{gpu,pid}`, and the readings that failed (a GPU whose reading
+    /// fails is left out of the samples).
     pub fn sample_with_errors(&self, ts_ms: i64) -> (Vec<Sample>, Vec<NvmlError>) {
         let mut out = Vec::new();
         let mut errors = Vec::new();

@@ -253,7 +253,7 @@ impl Store {
         Ok(out)
     }
 
-    /// Number of raw samples stored (for tests and /readyz detail).
+    /// Number of raw samples stored.
     pub fn raw_sample_count(&self) -> Result<i64> {
         Ok(self.reader().query_row("SELECT COUNT(*) FROM samples", [], |r| r.get(0))?)
     }

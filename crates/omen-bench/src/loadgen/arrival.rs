@@ -49,11 +49,6 @@ impl Arrivals {
         }
     }
 
-    /// The rate in force now (sessions/s, before the throttle).
-    pub fn current_rate(&self) -> f64 {
-        self.rate
-    }
-
     /// The next arrival time; `throttle` in (0, 1] scales the rate (1 = no back-off).
     pub fn next_arrival(&mut self, throttle: f64) -> f64 {
         let throttle = throttle.clamp(1e-6, 1.0);
