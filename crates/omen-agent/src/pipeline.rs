@@ -21,16 +21,17 @@ pub struct IngestJob {
     pub ack: Option<oneshot::Sender<Result<usize, String>>>,
 }
 
-/// Starts the pipeline thread: it owns `engine`, sets `ready` while it takes jobs, and
+/// Starts the pipeline thread: it owns `engine`, `ready` is set until it stops taking jobs, and
 /// flushes the open minute when every sender has gone.
 pub fn spawn(
     mut engine: Engine,
     mut jobs: mpsc::Receiver<IngestJob>,
     ready: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<Result<()>>> {
+    // Ready from the moment the thread exists: jobs sent before it runs wait in the queue.
+    ready.store(true, Ordering::Relaxed);
     // The pipeline owns the engine on its own thread: SQLite writes block.
     std::thread::Builder::new().name("omen-pipeline".into()).spawn(move || -> Result<()> {
-        ready.store(true, Ordering::Relaxed);
         while let Some(job) = jobs.blocking_recv() {
             let n = job.samples.len();
             let result = engine.process(job.samples);
