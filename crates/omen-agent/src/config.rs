@@ -23,6 +23,8 @@ pub struct Config {
     pub health: HealthConfig,
     /// Time-to-breach forecasts.
     pub forecast: ForecastConfig,
+    /// The coupled latency model in /scores/latest (`omen explain` runs it on any window).
+    pub explain: ExplainConfig,
     /// OTLP export.
     pub otlp: Option<OtlpConfig>,
     /// The LSTM autoencoder; without it the agent runs the statistical detectors only.
@@ -221,6 +223,33 @@ impl Default for HealthConfig {
     }
 }
 
+/// The coupled degradation model L = c + α/T + βF + γ(1−Q) on the agent's own history.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExplainConfig {
+    /// History fitted: the last `window`, split in half for the attribution.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// How often the live agent refits (event time).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Confidence level of the coefficients' intervals.
+    pub confidence: f64,
+    /// The attribution is shown only from this R² on.
+    pub min_r_squared: f64,
+}
+
+impl Default for ExplainConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(24 * 3600),
+            interval: Duration::from_secs(3600),
+            confidence: 0.95,
+            min_r_squared: 0.5,
+        }
+    }
+}
+
 /// Forecasts of SLO indicators.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -416,6 +445,7 @@ impl Config {
         validate_signals(&self.signals, &mut p);
         validate_health(&self.health, &mut p);
         validate_forecast(&self.forecast, &mut p);
+        validate_explain(&self.explain, &mut p);
         if let Some(m) = &self.model {
             validate_model(m, &mut p);
         }
@@ -645,6 +675,23 @@ fn validate_worker(w: &WorkerConfig, needs_worker: bool, p: &mut Problems) {
 }
 
 /// `otlp`: an http(s) endpoint.
+/// `explain`: a window of at least 20 minutes (the fit needs 20 observations), a level and
+/// a bound that are probabilities.
+fn validate_explain(e: &ExplainConfig, p: &mut Problems) {
+    if e.window < Duration::from_secs(20 * 60) {
+        p.bad("explain.window", "must be at least 20m (the fit needs 20 one-minute observations); e.g. 24h");
+    }
+    if e.interval.is_zero() {
+        p.bad("explain.interval", "must be positive, e.g. 1h");
+    }
+    if !(e.confidence > 0.0 && e.confidence < 1.0) {
+        p.bad("explain.confidence", "must be in (0, 1), e.g. 0.95");
+    }
+    if !(0.0..=1.0).contains(&e.min_r_squared) {
+        p.bad("explain.min_r_squared", "must be in [0, 1], e.g. 0.5");
+    }
+}
+
 fn validate_otlp(o: &OtlpConfig, p: &mut Problems) {
     if !(o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://")) {
         p.bad("otlp.endpoint", format!("{:?} must start with http:// or https://", o.endpoint));

@@ -677,6 +677,7 @@ mod tests {
                 value: 3.0,
             }],
             forecasts: vec![],
+            latency_model: None,
         });
         for s in [summary, None] {
             let cached = latest_body(&s, gauges.iter());

@@ -6,6 +6,7 @@
 
 pub mod bleu;
 pub mod catalogue;
+pub mod coupled;
 pub mod delta;
 pub mod htm_likelihood;
 pub mod kvf;

@@ -64,6 +64,8 @@ pub struct HealthSummary {
     pub contributors: Vec<Contributor>,
     /// Per-SLO forecasts.
     pub forecasts: Vec<SloForecast>,
+    /// The coupled latency model over `explain.window` (None until its first fit).
+    pub latency_model: Option<super::LatencyExplanation>,
 }
 
 /// A change of the health level or of an early warning, for reports.

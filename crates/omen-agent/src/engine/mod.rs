@@ -8,6 +8,7 @@
 //! (the LSTM autoencoder).
 
 mod detection;
+mod explain;
 mod forecast;
 mod health;
 mod ingest;
@@ -26,6 +27,7 @@ use crate::config::Config;
 use crate::metrics::{Labels, LiveMetrics};
 use omen_store::Store;
 
+pub use explain::{explain, LatencyAttribution, LatencyExplanation, LatencyModel};
 pub use forecast::{CombineSeries, DailyStatistic, IndicatorDefinition, SloForecast};
 pub use health::{AlertEvent, Contributor, HealthSummary, Level};
 
@@ -49,6 +51,9 @@ pub struct Engine {
     /// Early warning per SLO at the last tick, for its transitions.
     warnings: HashMap<String, bool>,
     events: Vec<AlertEvent>,
+    /// The coupled latency model's last result, and when it was computed (explain.rs).
+    explanation: Option<LatencyExplanation>,
+    explained_at_ms: Option<i64>,
     /// The LSTM autoencoder, scored once per tick when configured.
     #[cfg(feature = "lstm")]
     model: Option<crate::lstm_live::LiveModel>,
@@ -76,6 +81,8 @@ impl Engine {
             last_tick_ms: None,
             last_retention_ms: 0,
             rolled_until_day_ms,
+            explanation: None,
+            explained_at_ms: None,
             summary: Arc::new(RwLock::new(None)),
             health_level: Level::Ok,
             warnings: HashMap::new(),
@@ -160,7 +167,15 @@ impl Engine {
         self.track_level(now_ms, level, &contributors, &forecasts);
         self.store.insert(&out)?;
         self.apply_retention(now_ms)?;
-        let summary = HealthSummary { ts_ms: now_ms, health_score: health, level, contributors, forecasts };
+        self.refresh_explanation(now_ms)?;
+        let summary = HealthSummary {
+            ts_ms: now_ms,
+            health_score: health,
+            level,
+            contributors,
+            forecasts,
+            latency_model: self.explanation.clone(),
+        };
         *self.summary.write().unwrap_or_else(|e| e.into_inner()) = Some(summary.clone());
         Ok(summary)
     }
