@@ -788,6 +788,22 @@ mod tests {
     }
 
     #[test]
+    fn explain_problems_name_their_fields() {
+        let e = Config::from_yaml(
+            "explain:\n  window: 5m\n  interval: 0s\n  confidence: 1.5\n  min_r_squared: -1\n",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["explain.window", "explain.interval", "explain.confidence", "explain.min_r_squared"]
+        );
+        let cfg = Config::from_yaml("explain:\n  window: 6h\n").unwrap();
+        assert_eq!(cfg.explain.window, Duration::from_secs(6 * 3600));
+        assert_eq!(cfg.explain.min_r_squared, 0.5);
+    }
+
+    #[test]
     fn shipped_configs_are_valid() {
         for text in [
             include_str!("../../../deploy/omen.example.yaml"),

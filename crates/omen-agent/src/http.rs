@@ -393,28 +393,7 @@ async fn ingest_inner(
 
 /// Parses a time: RFC 3339, Unix seconds, `now`, or `now-<duration>` (e.g. now-6h).
 fn parse_time(field: &str, text: &str, now: i64) -> Result<i64, ApiError> {
-    let text = text.trim();
-    if text == "now" {
-        return Ok(now);
-    }
-    if let Some(rel) = text.strip_prefix("now-") {
-        let d = humantime::parse_duration(rel)
-            .map_err(|e| ApiError::bad(field, format!("{text:?}: {e}; write e.g. now-6h")))?;
-        return Ok(now - d.as_millis() as i64);
-    }
-    if let Ok(secs) = text.parse::<f64>() {
-        if secs.is_finite() {
-            return Ok((secs * 1000.0) as i64);
-        }
-    }
-    chrono::DateTime::parse_from_rfc3339(text).map(|t| t.timestamp_millis()).map_err(|_| {
-        ApiError::bad(
-            field,
-            format!(
-                "{text:?} is not a time; use RFC 3339 (2026-11-02T10:00:00Z), Unix seconds, now or now-6h"
-            ),
-        )
-    })
+    omen_sources::clock::parse_time(text, now).map_err(|message| ApiError::bad(field, message))
 }
 
 fn rfc3339(ms: i64) -> String {

@@ -114,6 +114,84 @@ enum Command {
     /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
     Evaluate(omen_protocol::training::EvaluateArgs),
     #[cfg(feature = "lab")]
+    /// Stress a model with perturbed prompts and report each prompt's stability boundary.
+    ///
+    /// Example: omen stress --endpoint http://127.0.0.1:18080/v1 --prompt capital="What is the capital of France? Answer in one sentence." --adaptive --svg stress.svg
+    Stress {
+        /// API root including /v1.
+        #[arg(long)]
+        endpoint: String,
+        /// Model name (default: the first the endpoint lists).
+        #[arg(long)]
+        model: Option<String>,
+        /// A prompt as ID=TEXT (repeatable); or take the canary prompts of --config.
+        #[arg(long = "prompt")]
+        prompts: Vec<String>,
+        /// An agent config whose sources.canary.prompts are stressed.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Most output tokens per answer.
+        #[arg(long, default_value_t = 32)]
+        max_tokens: u32,
+        /// Strengths of the sweep, each in (0, 1].
+        #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75,1")]
+        strengths: Vec<f64>,
+        /// Raise the strength step by step until a bound is crossed (entropy-driven annealing).
+        #[arg(long)]
+        adaptive: bool,
+        /// Adaptive step.
+        #[arg(long, default_value_t = 0.1)]
+        step: f64,
+        /// Bound on the first-token entropy change, bits.
+        #[arg(long, default_value_t = 1.0)]
+        max_entropy_shift: f64,
+        /// Bound on the BLEU drop against the unperturbed answer.
+        #[arg(long, default_value_t = 0.5)]
+        max_bleu_drop: f64,
+        /// Perturbation seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// JSON report.
+        #[arg(long, short, default_value = "stress.json")]
+        out: PathBuf,
+        /// Also draw the boundaries (SVG) here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Push each prompt's boundary to this agent (its API root, e.g. http://127.0.0.1:9464) as canary_stability_boundary.
+        #[arg(long)]
+        push: Option<String>,
+    },
+    #[cfg(feature = "lab")]
+    /// Explain a latency change from a store's history: fit L = c + a/T + b*F + g*(1-Q) and split the change by term.
+    ///
+    /// Example: omen explain --store .omen/omen.db --since now-6h --until now --svg explain.svg
+    Explain {
+        /// The agent's store (store.path).
+        #[arg(long)]
+        store: PathBuf,
+        /// Window start: RFC 3339, Unix seconds, now or now-6h (now = the store's newest sample).
+        #[arg(long, default_value = "now-24h")]
+        since: String,
+        /// Window end, same forms.
+        #[arg(long, default_value = "now")]
+        until: String,
+        /// Where "before" ends and "after" begins (default: the window's middle).
+        #[arg(long)]
+        split: Option<String>,
+        /// Confidence level of the coefficients' intervals.
+        #[arg(long, default_value_t = 0.95)]
+        confidence: f64,
+        /// Least R2 for an attribution.
+        #[arg(long, default_value_t = 0.5)]
+        min_r_squared: f64,
+        /// Also write the result as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also draw the attribution as a bar chart (SVG) here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+    },
+    #[cfg(feature = "lab")]
     /// Simulate every scenario in a folder, replay each through the pipeline and score the warnings.
     EvaluateWarnings {
         /// Folder of scenario files (*.yaml).
@@ -209,6 +287,116 @@ fn simulate(scenario: &std::path::Path, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// The prompts of `omen stress`: `ID=TEXT` flags, else the canary prompts of a config.
+#[cfg(feature = "lab")]
+fn stress_prompts(flags: Vec<String>, config: Option<&std::path::Path>) -> Result<Vec<(String, String)>> {
+    let mut prompts = Vec::new();
+    for f in flags {
+        let (id, text) = f.split_once('=').with_context(|| {
+            format!("--prompt {f:?}: write ID=TEXT, e.g. capital=\"What is the capital of France?\"")
+        })?;
+        prompts.push((id.trim().to_owned(), text.trim().to_owned()));
+    }
+    if let Some(path) = config {
+        let cfg = load_config(path)?;
+        let canary = cfg
+            .sources
+            .canary
+            .with_context(|| format!("{}: no sources.canary section to take prompts from", path.display()))?;
+        prompts.extend(canary.prompts.into_iter().map(|c| (c.id, c.prompt)));
+    }
+    if prompts.is_empty() {
+        anyhow::bail!(
+            "no prompts: give --prompt ID=TEXT (repeatable) or --config with sources.canary.prompts"
+        );
+    }
+    Ok(prompts)
+}
+
+#[cfg(feature = "lab")]
+fn stress(
+    mut options: omen_lab::stress::StressOptions,
+    out: &std::path::Path,
+    svg: Option<&std::path::Path>,
+    push: Option<&str>,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let report = rt.block_on(async {
+        if options.target.model.is_empty() {
+            let client = reqwest::Client::new();
+            options.target.model = first_model(&client, &options.target.base_url).await?;
+        }
+        omen_lab::stress::run(&options, |line| eprintln!("stress: {line}")).await
+    })?;
+    print!("{}", omen_lab::stress::table(&report));
+    std::fs::write(out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("cannot write the report {}", out.display()))?;
+    println!("wrote {}", out.display());
+    if let Some(path) = svg {
+        omen_lab::stress::plot(&report, path)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(agent) = push {
+        let url = format!("{}/v1/ingest/samples", agent.trim_end_matches('/'));
+        let body = omen_lab::stress::boundary_samples(&report);
+        rt.block_on(async {
+            let r = reqwest::Client::new()
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .with_context(|| format!("cannot push to {url}; is the agent running there?"))?;
+            let status = r.status();
+            if !status.is_success() {
+                anyhow::bail!("{url} answered {status}: {}", r.text().await.unwrap_or_default());
+            }
+            Ok(())
+        })?;
+        println!("pushed {} boundary sample(s) to {url}", report.prompts.len());
+    }
+    Ok(())
+}
+
+/// The first model an OpenAI-compatible endpoint lists.
+#[cfg(feature = "lab")]
+async fn first_model(client: &reqwest::Client, base_url: &str) -> Result<String> {
+    let url = format!("{}/models", base_url.trim_end_matches('/'));
+    let v: serde_json::Value = client
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}; check --endpoint"))?
+        .json()
+        .await
+        .with_context(|| format!("{url} did not answer JSON; is it an OpenAI-compatible API root?"))?;
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("{url} lists no model; give --model"))
+}
+
+#[cfg(feature = "lab")]
+fn explain(
+    options: &omen_lab::explain::ExplainOptions,
+    json: Option<&std::path::Path>,
+    svg: Option<&std::path::Path>,
+) -> Result<()> {
+    let e = omen_lab::explain::run(options)?;
+    print!("{}", omen_lab::explain::table(&e));
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_vec_pretty(&e)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = svg {
+        omen_lab::explain::plot(&e, path)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 #[cfg(feature = "lab")]
 fn evaluate_warnings(
     cfg: &Config,
@@ -283,6 +471,43 @@ fn main() -> ExitCode {
                 Ok(code) => return ExitCode::from(code),
                 Err(e) => Err(e),
             }
+        }
+        #[cfg(feature = "lab")]
+        Command::Stress {
+            endpoint,
+            model,
+            prompts,
+            config,
+            max_tokens,
+            strengths,
+            adaptive,
+            step,
+            max_entropy_shift,
+            max_bleu_drop,
+            seed,
+            out,
+            svg,
+            push,
+        } => stress_prompts(prompts, config.as_deref()).and_then(|prompts| {
+            let mut target = omen_sources::canary::CanaryTarget::new(endpoint, model.unwrap_or_default());
+            target.max_tokens = max_tokens;
+            let options = omen_lab::stress::StressOptions {
+                target,
+                prompts,
+                strengths,
+                adaptive,
+                step,
+                max_entropy_shift,
+                max_bleu_drop,
+                seed,
+            };
+            stress(options, &out, svg.as_deref(), push.as_deref())
+        }),
+        #[cfg(feature = "lab")]
+        Command::Explain { store, since, until, split, confidence, min_r_squared, json, svg } => {
+            let options =
+                omen_lab::explain::ExplainOptions { store, since, until, split, confidence, min_r_squared };
+            explain(&options, json.as_deref(), svg.as_deref())
         }
         #[cfg(feature = "lab")]
         Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs } => {

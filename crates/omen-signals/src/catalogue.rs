@@ -93,6 +93,9 @@ signals! {
     /// Canary end-to-end latency, as a histogram.
     E2E_SECONDS = "e2e_seconds", "s", "gen_ai.server.request.duration", false, None,
         "Canary end-to-end latency, seconds", Histogram;
+    /// The highest prompt-perturbation strength a canary's answer withstands (`omen stress`).
+    CANARY_STABILITY_BOUNDARY = "canary_stability_boundary", "1", "omen.canary_stability_boundary", false, None,
+        "Highest prompt-perturbation strength in [0,1] at which a canary's answer stays within the stress bounds (omen stress)";
     /// Tokens of a canary answer.
     CANARY_TOKENS = "canary_tokens", "", "omen.canary_tokens", false, None,
         "Output tokens of a canary answer";

@@ -53,12 +53,13 @@ pub struct Coefficient {
 pub struct CoupledFit {
     /// Baseline latency c, seconds.
     pub intercept: Coefficient,
-    /// α, seconds per (1 / (tokens/s)).
-    pub alpha: Coefficient,
-    /// β, seconds of latency per second of TTFT.
-    pub beta: Coefficient,
-    /// γ, seconds of latency per unit of lost quality.
-    pub gamma: Coefficient,
+    /// α, seconds per (1 / (tokens/s)); None when throughput did not vary.
+    pub alpha: Option<Coefficient>,
+    /// β, seconds of latency per second of TTFT; None when TTFT did not vary.
+    pub beta: Option<Coefficient>,
+    /// γ, seconds of latency per unit of lost quality; None when quality did not vary (a
+    /// greedy canary on an unchanged model answers the same every time).
+    pub gamma: Option<Coefficient>,
     /// 1 − SS_res / SS_tot of the robust fit's residuals.
     pub r_squared: f64,
     /// Observations used.
@@ -72,11 +73,14 @@ pub struct CoupledFit {
 impl CoupledFit {
     /// Predicted latency for one observation.
     pub fn predict(&self, o: &CoupledObservation) -> f64 {
-        let [one, inv_t, f, q] = o.row();
-        self.intercept.estimate * one
-            + self.alpha.estimate * inv_t
-            + self.beta.estimate * f
-            + self.gamma.estimate * q
+        let row = o.row();
+        self.intercept.estimate
+            + self.terms().iter().zip(&row[1..]).map(|(c, x)| c.map_or(0.0, |c| c.estimate) * x).sum::<f64>()
+    }
+
+    /// α, β, γ in [`TERMS`] order.
+    pub fn terms(&self) -> [Option<Coefficient>; 3] {
+        [self.alpha, self.beta, self.gamma]
     }
 }
 
@@ -103,12 +107,9 @@ pub enum CoupledError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// One input does not vary, so its coefficient cannot be told from the intercept.
-    #[error("{term} does not vary over the period, so its effect cannot be estimated; fit over a period in which it changes")]
-    Constant {
-        /// The term.
-        term: &'static str,
-    },
+    /// No input varies, so nothing can be told from the intercept.
+    #[error("throughput, TTFT and quality are all constant over the period, so no effect can be estimated; fit over a period in which they change")]
+    NothingVaries,
     /// Two or more inputs move together, so their effects cannot be told apart.
     #[error("the inputs are collinear ({first} and {second} correlate at {correlation:.3}), so their effects cannot be told apart; fit over a period in which they vary independently")]
     Collinear {
@@ -162,12 +163,22 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
             });
         }
     }
-    let rows: Vec<[f64; 4]> = obs.iter().map(CoupledObservation::row).collect();
+    let mut rows: Vec<[f64; 4]> = obs.iter().map(CoupledObservation::row).collect();
     let y: Vec<f64> = obs.iter().map(|o| o.latency_s).collect();
-    check_design(&rows)?;
+    // A constant term is left out: its column is zeroed and its coefficient pinned to 0 (it
+    // would only repeat the intercept).
+    let dropped = check_design(&rows)?;
+    for r in &mut rows {
+        for (j, d) in dropped.iter().enumerate() {
+            if *d {
+                r[j + 1] = 0.0;
+            }
+        }
+    }
 
     let mut weights = vec![1.0; rows.len()];
-    let mut beta = weighted_least_squares(&rows, &y, &weights).expect("checked design is invertible").0;
+    let mut beta =
+        weighted_least_squares(&rows, &y, &weights, dropped).expect("checked design is invertible").0;
     let mut scale = 0.0;
     for _ in 0..IRLS_ITERATIONS {
         let residuals: Vec<f64> = rows.iter().zip(&y).map(|(r, y)| y - dot(r, &beta)).collect();
@@ -179,7 +190,8 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
             let u = (r / scale).abs();
             *w = if u <= HUBER_K { 1.0 } else { HUBER_K / u };
         }
-        let next = weighted_least_squares(&rows, &y, &weights).expect("checked design is invertible").0;
+        let next =
+            weighted_least_squares(&rows, &y, &weights, dropped).expect("checked design is invertible").0;
         let moved = next.iter().zip(&beta).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         beta = next;
         if moved <= 1e-10 * (1.0 + beta.iter().map(|b| b.abs()).fold(0.0, f64::max)) {
@@ -192,7 +204,7 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
     let n = rows.len();
     let dof = (n - 4) as f64;
     let (_, inverse) =
-        weighted_least_squares(&rows, &y, &vec![1.0; n]).expect("checked design is invertible");
+        weighted_least_squares(&rows, &y, &vec![1.0; n], dropped).expect("checked design is invertible");
     let sigma2 = if scale > 0.0 {
         let u: Vec<f64> = rows.iter().zip(&y).map(|(r, y)| (y - dot(r, &beta)) / scale).collect();
         let psi2 = u.iter().map(|u| u.clamp(-HUBER_K, HUBER_K).powi(2)).sum::<f64>() / dof;
@@ -217,9 +229,9 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
     let r_squared = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
     Ok(CoupledFit {
         intercept: coefficient(0),
-        alpha: coefficient(1),
-        beta: coefficient(2),
-        gamma: coefficient(3),
+        alpha: (!dropped[0]).then(|| coefficient(1)),
+        beta: (!dropped[1]).then(|| coefficient(2)),
+        gamma: (!dropped[2]).then(|| coefficient(3)),
         r_squared,
         observations: n,
         residual_scale: scale,
@@ -265,42 +277,47 @@ pub fn attribute(
     };
     let mean_latency = |o: &[CoupledObservation]| o.iter().map(|o| o.latency_s).sum::<f64>() / o.len() as f64;
     let (b, a) = (mean_row(before), mean_row(after));
-    let coefs = [fit.alpha.estimate, fit.beta.estimate, fit.gamma.estimate];
+    let coefs = fit.terms().map(|c| c.map_or(0.0, |c| c.estimate));
     let terms = [coefs[0] * (a[1] - b[1]), coefs[1] * (a[2] - b[2]), coefs[2] * (a[3] - b[3])];
     let (before_s, after_s) = (mean_latency(before), mean_latency(after));
     Attribution { before_s, after_s, terms, unexplained_s: after_s - before_s - terms.iter().sum::<f64>() }
 }
 
-/// Constant and collinear regressors, found on their correlation matrix.
-fn check_design(rows: &[[f64; 4]]) -> Result<(), CoupledError> {
+/// Which terms are constant (left out), and an error for collinear ones, found on the
+/// correlation matrix of the terms that vary.
+fn check_design(rows: &[[f64; 4]]) -> Result<[bool; 3], CoupledError> {
     let n = rows.len() as f64;
-    let mut centred = [[0.0; 3]; 0].to_vec();
     let mut means = [0.0; 3];
     for r in rows {
         for j in 0..3 {
             means[j] += r[j + 1] / n;
         }
     }
+    let centred: Vec<[f64; 3]> =
+        rows.iter().map(|r| [r[1] - means[0], r[2] - means[1], r[3] - means[2]]).collect();
     let mut norms = [0.0; 3];
-    for r in rows {
-        let c = [r[1] - means[0], r[2] - means[1], r[3] - means[2]];
+    for c in &centred {
         for j in 0..3 {
             norms[j] += c[j] * c[j];
         }
-        centred.push(c);
     }
-    for j in 0..3 {
-        let spread = norms[j].sqrt();
-        if spread <= 1e-12 * (1.0 + means[j].abs()) * n.sqrt() {
-            return Err(CoupledError::Constant { term: TERMS[j] });
-        }
+    let dropped: [bool; 3] =
+        std::array::from_fn(|j| norms[j].sqrt() <= 1e-12 * (1.0 + means[j].abs()) * n.sqrt());
+    let active: Vec<usize> = (0..3).filter(|&j| !dropped[j]).collect();
+    if active.is_empty() {
+        return Err(CoupledError::NothingVaries);
     }
     let mut corr = [[0.0; 3]; 3];
     for c in &centred {
-        for i in 0..3 {
-            for j in 0..3 {
+        for &i in &active {
+            for &j in &active {
                 corr[i][j] += c[i] * c[j] / (norms[i] * norms[j]).sqrt();
             }
+        }
+    }
+    for j in 0..3 {
+        if dropped[j] {
+            corr[j][j] = 1.0; // the identity in the left-out rows: the determinant is the active block's
         }
     }
     let det = corr[0][0] * (corr[1][1] * corr[2][2] - corr[1][2] * corr[2][1])
@@ -313,7 +330,7 @@ fn check_design(rows: &[[f64; 4]]) -> Result<(), CoupledError> {
             .expect("three pairs");
         return Err(CoupledError::Collinear { first: TERMS[i], second: TERMS[j], correlation: corr[i][j] });
     }
-    Ok(())
+    Ok(dropped)
 }
 
 fn dot(a: &[f64; 4], b: &[f64; 4]) -> f64 {
@@ -342,7 +359,12 @@ fn mad_scale(residuals: &[f64]) -> f64 {
 /// Four unknowns: Gauss-Jordan elimination with partial pivoting on the 4×4 normal equations.
 /// nalgebra (the maintained choice) would raise the workspace's minimum Rust version from
 /// 1.85 to 1.89 for this one solve.
-fn weighted_least_squares(rows: &[[f64; 4]], y: &[f64], w: &[f64]) -> Option<([f64; 4], [[f64; 4]; 4])> {
+fn weighted_least_squares(
+    rows: &[[f64; 4]],
+    y: &[f64],
+    w: &[f64],
+    dropped: [bool; 3],
+) -> Option<([f64; 4], [[f64; 4]; 4])> {
     let mut a = [[0.0; 8]; 4];
     let mut rhs = [0.0; 4];
     for ((r, y), w) in rows.iter().zip(y).zip(w) {
@@ -355,6 +377,12 @@ fn weighted_least_squares(rows: &[[f64; 4]], y: &[f64], w: &[f64]) -> Option<([f
     }
     for (i, row) in a.iter_mut().enumerate() {
         row[4 + i] = 1.0;
+    }
+    // A left-out term's row reads 1 * b = 0 (its column is zero, so nothing else sees it).
+    for (j, d) in dropped.iter().enumerate() {
+        if *d {
+            a[j + 1][j + 1] = 1.0;
+        }
     }
     for col in 0..4 {
         let pivot = (col..4).max_by(|&p, &q| a[p][col].abs().total_cmp(&a[q][col].abs()))?;
@@ -420,9 +448,12 @@ mod tests {
         let truth = (0.8, 38.0, 0.52, 2.9);
         let obs = generated(400, truth, 0.05, 7);
         let fit = fit_coupled(&obs, 0.95).unwrap();
-        for (c, want) in
-            [(fit.intercept, truth.0), (fit.alpha, truth.1), (fit.beta, truth.2), (fit.gamma, truth.3)]
-        {
+        for (c, want) in [
+            (fit.intercept, truth.0),
+            (fit.alpha.unwrap(), truth.1),
+            (fit.beta.unwrap(), truth.2),
+            (fit.gamma.unwrap(), truth.3),
+        ] {
             assert!(c.lower <= want && want <= c.upper, "{want} outside [{}, {}]", c.lower, c.upper);
         }
         assert!(fit.r_squared > 0.9, "{}", fit.r_squared);
@@ -436,7 +467,9 @@ mod tests {
         for seed in 0..runs {
             let fit = fit_coupled(&generated(200, (truth[0], truth[1], truth[2], truth[3]), 0.05, seed), 0.9)
                 .unwrap();
-            for (i, c) in [fit.intercept, fit.alpha, fit.beta, fit.gamma].iter().enumerate() {
+            for (i, c) in
+                [fit.intercept, fit.alpha.unwrap(), fit.beta.unwrap(), fit.gamma.unwrap()].iter().enumerate()
+            {
                 covered[i] += usize::from(c.lower <= truth[i] && truth[i] <= c.upper);
             }
         }
@@ -455,8 +488,8 @@ mod tests {
             o.latency_s += 30.0;
         }
         let fit = fit_coupled(&obs, 0.95).unwrap();
-        assert!((fit.beta.estimate - truth.2).abs() < 0.05, "{:?}", fit.beta);
-        assert!((fit.alpha.estimate - truth.1).abs() < 4.0, "{:?}", fit.alpha);
+        assert!((fit.beta.unwrap().estimate - truth.2).abs() < 0.05, "{:?}", fit.beta);
+        assert!((fit.alpha.unwrap().estimate - truth.1).abs() < 4.0, "{:?}", fit.alpha);
     }
 
     #[test]
@@ -491,8 +524,15 @@ mod tests {
         for o in &mut constant {
             o.quality = 0.9;
         }
-        let e = fit_coupled(&constant, 0.95).unwrap_err();
-        assert_eq!(e, CoupledError::Constant { term: TERMS[2] });
+        // Constant quality (a greedy canary): its term is left out, the others still fit.
+        let fit = fit_coupled(&constant, 0.95).unwrap();
+        assert!(fit.gamma.is_none() && fit.alpha.is_some() && fit.beta.is_some());
+        assert!(fit.beta.unwrap().lower <= 0.52 && 0.52 <= fit.beta.unwrap().upper, "{:?}", fit.beta);
+        for o in &mut constant {
+            o.throughput = 50.0;
+            o.ttft_s = 0.2;
+        }
+        assert_eq!(fit_coupled(&constant, 0.95), Err(CoupledError::NothingVaries));
         let mut collinear = generated(50, (0.8, 38.0, 0.52, 2.9), 0.05, 1);
         for o in &mut collinear {
             o.ttft_s = 3.0 / o.throughput; // TTFT moves exactly with 1/T
@@ -515,7 +555,7 @@ mod tests {
         ) {
             let obs = generated(40, (c, a, b, g), 0.0, seed);
             let fit = fit_coupled(&obs, 0.9).unwrap();
-            for (got, want) in [(fit.intercept.estimate, c), (fit.alpha.estimate, a), (fit.beta.estimate, b), (fit.gamma.estimate, g)] {
+            for (got, want) in [(fit.intercept.estimate, c), (fit.alpha.unwrap().estimate, a), (fit.beta.unwrap().estimate, b), (fit.gamma.unwrap().estimate, g)] {
                 prop_assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
             }
             for o in &obs {

@@ -251,7 +251,7 @@ pub fn logits_samples(payload: &LogitsPayload, now_ms: i64) -> Result<Vec<Sample
             // JSON has no -inf: null marks a masked token.
             let values: Vec<f32> = logits.iter().map(|v| v.unwrap_or(f32::NEG_INFINITY)).collect();
             let h = first_token_entropy_bits(&values).map_err(|e| reject("logits", e.to_string()))?;
-            Ok(vec![sample("tle_bits", h)])
+            Ok(vec![sample(catalogue::TLE_BITS.name, h)])
         }
         (None, Some(lp)) => {
             let vocab = payload.vocab_size.ok_or_else(|| {
@@ -259,7 +259,10 @@ pub fn logits_samples(payload: &LogitsPayload, now_ms: i64) -> Result<Vec<Sample
             })?;
             let r = first_token_entropy_from_top_logprobs(lp, vocab)
                 .map_err(|e| reject("top_logprobs", e.to_string()))?;
-            Ok(vec![sample("tle_bits", r.entropy_bits), sample("tle_bits_upper", r.upper_bits)])
+            Ok(vec![
+                sample(catalogue::TLE_BITS.name, r.entropy_bits),
+                sample(catalogue::TLE_BITS_UPPER.name, r.upper_bits),
+            ])
         }
         (None, None) => {
             Err(reject("logits", "give logits (full vocabulary) or top_logprobs with vocab_size"))

@@ -129,7 +129,9 @@ fn rule(name: &str) -> Option<(ServerKind, Rule)> {
     use ServerKind::*;
     let r = match name {
         // vLLM (V1 names first, then the V0 names they replaced)
-        "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => (Vllm, Value("kvcache_usage_ratio")),
+        "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+            (Vllm, Value(catalogue::KVCACHE_USAGE_RATIO.name))
+        }
         "vllm:num_requests_waiting" => (Vllm, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
         "vllm:num_requests_running" => (Vllm, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
         "vllm:num_preemptions_total" => (Vllm, Value(catalogue::SERVER_PREEMPTIONS_TOTAL.name)),
@@ -147,7 +149,7 @@ fn rule(name: &str) -> Option<(ServerKind, Rule)> {
         }
         "vllm:gpu_prefix_cache_hit_rate" => (Vllm, Value(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name)),
         // SGLang
-        "sglang:token_usage" => (Sglang, Value("kvcache_usage_ratio")),
+        "sglang:token_usage" => (Sglang, Value(catalogue::KVCACHE_USAGE_RATIO.name)),
         "sglang:num_queue_reqs" => (Sglang, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
         "sglang:num_running_reqs" => (Sglang, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
         "sglang:cache_hit_rate" => (Sglang, Value(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name)),
@@ -172,7 +174,7 @@ fn rule(name: &str) -> Option<(ServerKind, Rule)> {
         "llamacpp:predicted_tokens_seconds" => {
             (LlamaCpp, Value(catalogue::SERVER_GENERATION_TOKENS_PER_SECOND.name))
         }
-        "llamacpp:kv_cache_usage_ratio" => (LlamaCpp, Value("kvcache_usage_ratio")),
+        "llamacpp:kv_cache_usage_ratio" => (LlamaCpp, Value(catalogue::KVCACHE_USAGE_RATIO.name)),
         "llamacpp:kv_cache_tokens" => (LlamaCpp, Value(catalogue::SERVER_KVCACHE_TOKENS.name)),
         "llamacpp:n_busy_slots_per_decode" => (LlamaCpp, Value(catalogue::SERVER_BUSY_SLOTS_PER_DECODE.name)),
         _ => return None,

@@ -45,12 +45,13 @@ impl From<Coefficient> for Estimate {
 pub struct LatencyModel {
     /// Baseline latency c, seconds.
     pub intercept_s: Estimate,
-    /// α: seconds per (1 / tokens per second).
-    pub alpha: Estimate,
-    /// β: seconds of latency per second of TTFT.
-    pub beta: Estimate,
-    /// γ: seconds of latency per unit of lost quality (1 − Q = RCI).
-    pub gamma: Estimate,
+    /// α: seconds per (1 / tokens per second); None when throughput did not vary.
+    pub alpha: Option<Estimate>,
+    /// β: seconds of latency per second of TTFT; None when TTFT did not vary.
+    pub beta: Option<Estimate>,
+    /// γ: seconds of latency per unit of lost quality (1 − Q = RCI); None when quality did
+    /// not vary (a greedy canary on an unchanged model gives the same answer every time).
+    pub gamma: Option<Estimate>,
     /// R² of the fit.
     pub r_squared: f64,
     /// Minutes fitted.
@@ -128,9 +129,9 @@ pub fn explain(
     };
     out.model = Some(LatencyModel {
         intercept_s: fit.intercept.into(),
-        alpha: fit.alpha.into(),
-        beta: fit.beta.into(),
-        gamma: fit.gamma.into(),
+        alpha: fit.alpha.map(Into::into),
+        beta: fit.beta.map(Into::into),
+        gamma: fit.gamma.map(Into::into),
         r_squared: fit.r_squared,
         observations: fit.observations,
         confidence,
@@ -162,14 +163,17 @@ pub fn explain(
     Ok(out)
 }
 
+/// Observations with their bucket start, ms.
+type TimedObservations = Vec<(i64, CoupledObservation)>;
+
 /// Per-step observations where all four inputs have a value (the mean over their series:
-/// canaries, servers), or the first input with no data at all.
+/// canaries, servers) and throughput is positive, or the first input with no data at all.
 fn observations(
     store: &Store,
     since_ms: i64,
     until_ms: i64,
     step_ms: i64,
-) -> Result<(Vec<(i64, CoupledObservation)>, Option<Signal>)> {
+) -> Result<(TimedObservations, Option<Signal>)> {
     let mut columns: Vec<BTreeMap<i64, f64>> = Vec::new();
     for signal in INPUTS {
         let mut sums: BTreeMap<i64, (f64, usize)> = BTreeMap::new();
@@ -187,6 +191,8 @@ fn observations(
         }
         columns.push(sums.into_iter().map(|(t, (s, n))| (t, s / n as f64)).collect());
     }
+    // A minute in which the server generated nothing has no throughput to divide by (a
+    // server reports 0 tokens/s when idle): it is left out.
     let obs = columns[0]
         .iter()
         .filter_map(|(t, &latency_s)| {
@@ -194,7 +200,7 @@ fn observations(
                 *t,
                 CoupledObservation {
                     latency_s,
-                    throughput: *columns[1].get(t)?,
+                    throughput: *columns[1].get(t).filter(|&&v| v > 0.0)?,
                     ttft_s: *columns[2].get(t)?,
                     quality: 1.0 - *columns[3].get(t)?,
                 },
@@ -272,6 +278,7 @@ mod tests {
         let model = e.model.as_ref().expect("fitted");
         assert_eq!(model.observations, 120);
         for (got, want) in [(model.alpha, 40.0), (model.beta, 0.6), (model.gamma, 3.0)] {
+            let got = got.expect("every input varies");
             assert!(got.lower <= want && want <= got.upper, "{want} outside {got:?}");
         }
         let a = e.attribution.as_ref().expect("attributed");
