@@ -1,6 +1,7 @@
 //! `omen stress` end to end against the real llama.cpp `llama-server` (SmolLM2-135M-Instruct,
 //! from `make setup`) on loopback: a sweep and an adaptive search on one prompt, the report
 //! and its picture, and the boundary pushed into a running agent, where /metrics exports it.
+#![cfg(feature = "lab")]
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -45,8 +45,12 @@ impl Store {
         let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
         match result {
             Ok(newest_raw) => {
-                if let Some(ts) = newest_raw {
-                    self.latest_raw_ts.fetch_max(ts, Ordering::Relaxed);
+                // Decimated samples are stored too (in their minute's aggregate): "now" for
+                // relative queries is the newest of all of them, not only of the raw rows, or
+                // a sample decimated into a new minute would fall outside `now-…` windows.
+                let newest = samples.iter().map(|s| s.ts_ms).max().into_iter().chain(newest_raw).max();
+                if let Some(ts) = newest {
+                    self.latest_stored_ts.fetch_max(ts, Ordering::Relaxed);
                 }
                 // The batch is committed either way; a failure here only keeps log rows longer.
                 if let Err(e) = close_stale_minutes(&mut w) {

@@ -49,8 +49,8 @@ pub struct Store {
     readers: ReaderPool,
     /// Committed series, so that a range query reads only the series its matchers select.
     catalog: RwLock<Catalog>,
-    /// Newest committed raw timestamp (i64::MIN: none).
-    latest_raw_ts: AtomicI64,
+    /// Newest committed sample time, raw or folded into a minute (i64::MIN: none).
+    latest_stored_ts: AtomicI64,
     /// Bumped after every committed change, so readers can cache what they read.
     generation: AtomicU64,
 }
@@ -106,7 +106,7 @@ impl Store {
             }),
             readers,
             catalog: RwLock::new(catalog),
-            latest_raw_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
+            latest_stored_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
             generation: AtomicU64::new(0),
         })
     }

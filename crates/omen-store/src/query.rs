@@ -280,9 +280,10 @@ impl Store {
         Ok(names)
     }
 
-    /// Latest raw timestamp stored, if any (kept in memory: every /scores request asks).
+    /// Latest timestamp stored, raw or folded into a minute aggregate, if any (kept in
+    /// memory: every /scores request asks; after a restart, the newest raw row's).
     pub fn latest_ts(&self) -> Result<Option<i64>> {
-        Ok(Some(self.latest_raw_ts.load(Ordering::Relaxed)).filter(|&t| t != i64::MIN))
+        Ok(Some(self.latest_stored_ts.load(Ordering::Relaxed)).filter(|&t| t != i64::MIN))
     }
 }
 

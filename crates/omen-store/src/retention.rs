@@ -82,7 +82,7 @@ impl Store {
         n += w.conn.execute("DELETE FROM day_agg WHERE day_ms < ?1", [now_ms - day_days as i64 * DAY_MS])?;
         if n > 0 {
             let latest: Option<i64> = w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
-            self.latest_raw_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
+            self.latest_stored_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
             self.changed();
         }
         Ok(n)
