@@ -35,11 +35,22 @@ pub async fn load(
         }
         return Ok(None);
     };
+    load_dir(dir, worker, "sources.canary.bertscore_model_dir").await.map(Some)
+}
+
+/// Loads the BERTScore model in `dir` into `worker`; errors name `field` (the config key or
+/// flag that gave the folder).
+pub async fn load_dir(
+    dir: std::path::PathBuf,
+    #[cfg_attr(not(feature = "bertscore"), allow(unused_variables))] worker: Option<
+        &Arc<crate::worker::Worker>,
+    >,
+    field: &str,
+) -> Result<Arc<SemanticModel>> {
     #[cfg(feature = "bertscore")]
     {
         use anyhow::Context;
-        let worker =
-            worker.context("sources.canary.bertscore_model_dir: no model worker was started")?.clone();
+        let worker = worker.context(format!("{field}: no model worker was started"))?.clone();
         let started = std::time::Instant::now();
         let shown = dir.display().to_string();
         // A sidecar shares its node with the inference server: one libtorch thread, unless the
@@ -51,10 +62,10 @@ pub async fn load(
         })
         .await
         .context("BERTScore loading task")?
-        .with_context(|| format!("sources.canary.bertscore_model_dir: {shown}"))?;
+        .with_context(|| format!("{field}: {shown}"))?;
         let crate::worker::Reply::BertscoreLoaded { layers } = reply else {
             return Err(crate::worker::WorkerError::unexpected("load_bertscore", reply))
-                .with_context(|| format!("sources.canary.bertscore_model_dir: {shown}"));
+                .with_context(|| format!("{field}: {shown}"));
         };
         info!(
             model_dir = %shown,
@@ -63,12 +74,12 @@ pub async fn load(
             load_ms = started.elapsed().as_millis() as u64,
             "BERTScore on: canary RCI includes 1 - BERTScore F1"
         );
-        Ok(Some(Arc::new(SemanticModel(worker))))
+        Ok(Arc::new(SemanticModel(worker)))
     }
     #[cfg(not(feature = "bertscore"))]
     anyhow::bail!(
-        "sources.canary.bertscore_model_dir: {} is set, but this omen was built without the `bertscore` \
-         feature; rebuild with default features or remove the key",
+        "{field}: {} is set, but this omen was built without the `bertscore` feature; rebuild with \
+         default features or remove it",
         dir.display()
     )
 }

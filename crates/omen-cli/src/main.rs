@@ -157,6 +157,9 @@ enum Command {
         /// Also draw the boundaries (SVG) here.
         #[arg(long)]
         svg: Option<PathBuf>,
+        /// all-MiniLM-L6-v2 folder (`make setup`: .models/all-MiniLM-L6-v2): also BERTScore F1 against the unperturbed answer, computed by omen-worker.
+        #[arg(long)]
+        bertscore_model_dir: Option<PathBuf>,
         /// Push each prompt's boundary to this agent (its API root, e.g. http://127.0.0.1:9464) as canary_stability_boundary.
         #[arg(long)]
         push: Option<String>,
@@ -316,6 +319,7 @@ fn stress_prompts(flags: Vec<String>, config: Option<&std::path::Path>) -> Resul
 #[cfg(feature = "lab")]
 fn stress(
     mut options: omen_lab::stress::StressOptions,
+    bertscore_model_dir: Option<PathBuf>,
     out: &std::path::Path,
     svg: Option<&std::path::Path>,
     push: Option<&str>,
@@ -328,6 +332,15 @@ fn stress(
         if options.target.model.is_empty() {
             let client = reqwest::Client::new();
             options.target.model = first_model(&client, &options.target.base_url).await?;
+        }
+        if let Some(dir) = bertscore_model_dir {
+            let program = omen_agent::worker::find_program(None).context("--bertscore-model-dir")?;
+            let worker = std::sync::Arc::new(omen_agent::worker::Worker::new(
+                program,
+                std::time::Duration::from_secs(30),
+            ));
+            options.semantic =
+                Some(omen_agent::semantic::load_dir(dir, Some(&worker), "--bertscore-model-dir").await?);
         }
         omen_lab::stress::run(&options, |line| eprintln!("stress: {line}")).await
     })?;
@@ -488,6 +501,7 @@ fn main() -> ExitCode {
             out,
             svg,
             push,
+            bertscore_model_dir,
         } => stress_prompts(prompts, config.as_deref()).and_then(|prompts| {
             let mut target = omen_sources::canary::CanaryTarget::new(endpoint, model.unwrap_or_default());
             target.max_tokens = max_tokens;
@@ -500,8 +514,9 @@ fn main() -> ExitCode {
                 max_entropy_shift,
                 max_bleu_drop,
                 seed,
+                semantic: None,
             };
-            stress(options, &out, svg.as_deref(), push.as_deref())
+            stress(options, bertscore_model_dir, &out, svg.as_deref(), push.as_deref())
         }),
         #[cfg(feature = "lab")]
         Command::Explain { store, since, until, split, confidence, min_r_squared, json, svg } => {

@@ -30,6 +30,16 @@ fn omen(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_omen")).args(args).output().expect("run omen")
 }
 
+fn bertscore_model_dir() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.models/all-MiniLM-L6-v2");
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "no BERTScore model in {}; run `make setup`",
+        dir.display()
+    );
+    dir
+}
+
 const PROMPT: &str = "capital=What is the capital of France? Answer in one sentence.";
 
 #[test]
@@ -75,6 +85,8 @@ fn stress_sweeps_searches_and_pushes_the_boundary() {
         svg.to_str().unwrap(),
         "--push",
         &agent_url,
+        "--bertscore-model-dir",
+        bertscore_model_dir().to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -91,6 +103,8 @@ fn stress_sweeps_searches_and_pushes_the_boundary() {
         assert!((0.0..=1.0).contains(&bleu), "{point}");
         assert!(point["entropy_shift_bits"].as_f64().unwrap().is_finite(), "{point}");
         assert!(point["latency_change_s"].as_f64().unwrap().is_finite(), "{point}");
+        let f1 = point["bertscore_f1"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&f1), "{point}");
     }
     // Instruction flips at full strength ("reply only with the word NO") change the answer.
     let flip =

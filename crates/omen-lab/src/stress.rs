@@ -115,7 +115,7 @@ pub fn perturb(prompt: &str, kind: Perturbation, strength: f64, seed: u64) -> Re
 }
 
 /// What to stress and how.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StressOptions {
     /// The server.
     pub target: CanaryTarget,
@@ -133,6 +133,8 @@ pub struct StressOptions {
     pub max_bleu_drop: f64,
     /// Seed of the perturbations.
     pub seed: u64,
+    /// BERTScore of each answer against the unperturbed one, when a model is loaded.
+    pub semantic: Option<Arc<omen_agent::semantic::SemanticModel>>,
 }
 
 /// One perturbed answer against the unperturbed one.
@@ -146,6 +148,8 @@ pub struct StressPoint {
     pub bleu: f64,
     /// 1 − BLEU.
     pub bleu_drop: f64,
+    /// BERTScore F1 against the unperturbed answer (with `--bertscore-model-dir`).
+    pub bertscore_f1: Option<f64>,
     /// First-token entropy change, bits (perturbed − unperturbed).
     pub entropy_shift_bits: f64,
     /// End-to-end latency change, seconds.
@@ -238,12 +242,17 @@ pub async fn run(o: &StressOptions, mut progress: impl FnMut(&str)) -> Result<St
                     let text = perturb(prompt, kind, strength, o.seed)?;
                     let r = answer(client, target, id, &text, Some(reference)).await?;
                     let bleu = r.rci.as_ref().map_or(0.0, |r| r.parts.bleu);
+                    let bertscore_f1 = match &o.semantic {
+                        Some(m) => Some(m.f1(r.answer.clone(), base.answer.clone()).await?),
+                        None => None,
+                    };
                     let shift = r.tle.entropy_bits - base.tle.entropy_bits;
                     Ok::<_, anyhow::Error>(StressPoint {
                         perturbation: kind,
                         strength,
                         bleu,
                         bleu_drop: 1.0 - bleu,
+                        bertscore_f1,
                         entropy_shift_bits: shift,
                         latency_change_s: r.e2e_s - base.e2e_s,
                         stable: shift.abs() <= o.max_entropy_shift && 1.0 - bleu <= o.max_bleu_drop,
@@ -336,15 +345,16 @@ pub fn table(r: &StressReport) -> String {
             p.id, p.stability_boundary, p.entropy_bits, p.latency_s
         );
         out += &format!(
-            "  {:<17} {:>8} {:>6} {:>9} {:>9} {}\n",
-            "perturbation", "strength", "BLEU", "dH bits", "dL s", "stable"
+            "  {:<17} {:>8} {:>6} {:>6} {:>9} {:>9} {}\n",
+            "perturbation", "strength", "BLEU", "F1", "dH bits", "dL s", "stable"
         );
         for s in &p.points {
             out += &format!(
-                "  {:<17} {:>8.2} {:>6.2} {:>+9.2} {:>+9.3} {}\n",
+                "  {:<17} {:>8.2} {:>6.2} {:>6} {:>+9.2} {:>+9.3} {}\n",
                 format!("{:?}", s.perturbation),
                 s.strength,
                 s.bleu,
+                s.bertscore_f1.map_or_else(|| "-".to_owned(), |f| format!("{f:.2}")),
                 s.entropy_shift_bits,
                 s.latency_change_s,
                 if s.stable { "yes" } else { "no" }
