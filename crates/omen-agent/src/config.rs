@@ -141,18 +141,7 @@ pub struct SourcesConfig {
 }
 
 // The sources' own sections live beside the sources that read them.
-pub use omen_sources::{CanarySourceConfig, NvmlSourceConfig, ServerMetricsConfig};
-
-/// Trace replay source.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TraceSourceConfig {
-    /// JSONL trace file.
-    pub path: PathBuf,
-    /// Trace seconds per wall-clock second (0 = as fast as possible).
-    #[serde(default)]
-    pub speed: f64,
-}
+pub use omen_sources::{CanarySourceConfig, NvmlSourceConfig, ServerMetricsConfig, TraceSourceConfig};
 
 /// Signal parameters.
 #[derive(Debug, Clone, Deserialize)]

@@ -21,4 +21,4 @@ pub use sample::{Sample, SeriesKey};
 pub use scrape::ServerMetricsConfig;
 pub use scrape::{ScrapeError, Scraper, ServerKind};
 pub use trace::{read_jsonl_trace, TraceError};
-pub use trace_file::{TraceBatch, TraceFileError};
+pub use trace_file::{TraceBatch, TraceFileError, TraceSourceConfig};

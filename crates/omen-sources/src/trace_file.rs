@@ -3,11 +3,24 @@
 //! export (`.sqlite`), read in batches of samples that share a time stamp.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
 
 use crate::nsys::{arena_samples, NsysError};
 use crate::trace::{read_jsonl_trace, TraceError};
 use crate::Sample;
+
+/// The trace source's section of the agent config (`sources.trace` in omen.yaml).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSourceConfig {
+    /// JSONL trace file (plain or .gz), or an Nsight Systems `.sqlite` export.
+    pub path: PathBuf,
+    /// Trace seconds per wall-clock second (0 = as fast as possible).
+    #[serde(default)]
+    pub speed: f64,
+}
 
 /// A trace file that could not be read; each names the file.
 #[derive(Debug, thiserror::Error)]
