@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use omen_signals::{catalogue, BleuReference, RciWeights};
-use omen_sources::canary::{probe, Canary, CanaryResult, CanaryTarget};
+use omen_sources::canary::{probe, Canary, CanaryError, CanaryResult, CanaryTarget};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -195,6 +195,8 @@ pub struct StressReport {
     pub prompts: Vec<PromptReport>,
 }
 
+/// One greedy answer through the canary prober. A request that fails before any answer
+/// (a keep-alive connection the server had just closed) is sent once more.
 async fn answer(
     client: &reqwest::Client,
     target: &CanaryTarget,
@@ -203,9 +205,12 @@ async fn answer(
     reference: Option<Arc<BleuReference>>,
 ) -> Result<CanaryResult> {
     let canary = Canary { id: id.to_owned(), prompt: prompt.to_owned(), reference: None, chat: true };
-    probe(client, target, &canary, reference, RciWeights::default())
-        .await
-        .with_context(|| format!("prompt {id}"))
+    let mut result = probe(client, target, &canary, reference.clone(), RciWeights::default()).await;
+    if let Err(CanaryError::Request { .. }) = &result {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        result = probe(client, target, &canary, reference, RciWeights::default()).await;
+    }
+    result.with_context(|| format!("prompt {id}"))
 }
 
 /// Runs the stress test; `progress` hears each finished probe.
