@@ -125,23 +125,16 @@ pub fn spawn_live(
         let scraper = Arc::new(tokio::sync::Mutex::new(scraper));
         let client = reqwest::Client::builder().timeout(m.timeout).build()?;
         let (live, tx) = (live.clone(), tx.clone());
-        // What the last scrape skipped, logged when it changes rather than every interval.
-        let logged_warnings = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         tasks.push(every(m.interval, stop.clone(), move || {
             let (scraper, client, live, tx) = (scraper.clone(), client.clone(), live.clone(), tx.clone());
-            let logged_warnings = logged_warnings.clone();
             async move {
                 let mut s = scraper.lock().await;
                 match s.scrape(&client, now_ms()).await {
                     Ok(samples) => {
-                        let mut logged = logged_warnings.lock().unwrap_or_else(|e| e.into_inner());
-                        if logged.as_slice() != s.warnings() {
-                            for w in s.warnings() {
-                                warn!("server metrics {}: {w}", s.url());
-                            }
-                            *logged = s.warnings().to_vec();
+                        let url = s.url().to_owned();
+                        for w in s.changed_warnings().unwrap_or_default() {
+                            warn!("server metrics {url}: {w}");
                         }
-                        drop(logged);
                         source_up(&live, "server_metrics", true);
                         offer(&live, &tx, samples, "server_metrics");
                     }

@@ -218,6 +218,11 @@ enum Command {
     },
 }
 
+/// The async runtime of the subcommands that need one (`run`, `bench`, `stress`).
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
+}
+
 fn load_config(path: &std::path::Path) -> Result<Config> {
     Config::load(path).map_err(|problems| {
         let list: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
@@ -233,10 +238,7 @@ fn bench(
 ) -> Result<()> {
     use omen_bench::loadgen;
     let wf = loadgen::workflow::Workflow::load(workflow)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let rt = runtime()?;
     let run = rt.block_on(loadgen::bench(wf, opts))?;
     let report = loadgen::report::report(&run);
     let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
@@ -324,14 +326,12 @@ fn stress(
     svg: Option<&std::path::Path>,
     push: Option<&str>,
 ) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let rt = runtime()?;
     let report = rt.block_on(async {
         if options.target.model.is_empty() {
             let client = reqwest::Client::new();
-            options.target.model = first_model(&client, &options.target.base_url).await?;
+            options.target.model =
+                omen_bench::loadgen::client::first_model(&client, &options.target.base_url).await?;
         }
         if let Some(dir) = bertscore_model_dir {
             let program = omen_agent::worker::find_program(None).context("--bertscore-model-dir")?;
@@ -371,24 +371,6 @@ fn stress(
         println!("pushed {} boundary sample(s) to {url}", report.prompts.len());
     }
     Ok(())
-}
-
-/// The first model an OpenAI-compatible endpoint lists.
-#[cfg(feature = "lab")]
-async fn first_model(client: &reqwest::Client, base_url: &str) -> Result<String> {
-    let url = format!("{}/models", base_url.trim_end_matches('/'));
-    let v: serde_json::Value = client
-        .get(&url)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {url}; check --endpoint"))?
-        .json()
-        .await
-        .with_context(|| format!("{url} did not answer JSON; is it an OpenAI-compatible API root?"))?;
-    v["data"][0]["id"]
-        .as_str()
-        .map(str::to_owned)
-        .with_context(|| format!("{url} lists no model; give --model"))
 }
 
 #[cfg(feature = "lab")]
@@ -432,10 +414,7 @@ fn main() -> ExitCode {
     let result: Result<()> = match cli.command {
         Command::Run { config } => load_config(&config).and_then(|cfg| {
             omen_agent::logging();
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
+            let rt = runtime()?;
             rt.block_on(omen_agent::run::run(cfg))
         }),
         Command::CheckConfig { config } => match Config::load(&config) {

@@ -10,6 +10,8 @@ use omen_agent::engine::{explain, LatencyExplanation};
 use omen_store::Store;
 use plotters::prelude::*;
 
+use crate::replay::fmt_ts;
+
 /// What to explain.
 #[derive(Debug, Clone)]
 pub struct ExplainOptions {
@@ -56,14 +58,10 @@ pub fn run(o: &ExplainOptions) -> Result<LatencyExplanation> {
         .with_context(|| format!("cannot read {}", o.store.display()))
 }
 
-fn ts(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map_or_else(|| ms.to_string(), |t| t.format("%Y-%m-%d %H:%M").to_string())
-}
-
 /// The explanation as a text table.
 pub fn table(e: &LatencyExplanation) -> String {
-    let mut out = format!("window {} .. {} (split {})\n", ts(e.since_ms), ts(e.until_ms), ts(e.split_ms));
+    let mut out =
+        format!("window {} .. {} (split {})\n", fmt_ts(e.since_ms), fmt_ts(e.until_ms), fmt_ts(e.split_ms));
     if let Some(m) = &e.model {
         let pct = (m.confidence * 100.0).round();
         out += &format!(

@@ -68,7 +68,8 @@ pub fn replay(mut cfg: Config, trace: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn fmt_ts(ms: i64) -> String {
+/// A time stamp as reports show it (UTC, to the minute).
+pub(crate) fn fmt_ts(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
         .unwrap_or_default()

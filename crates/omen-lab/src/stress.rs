@@ -69,18 +69,24 @@ const MAX_CONFUSION_TOKENS: usize = 40;
 /// Words a prompt needs to be perturbed meaningfully.
 const MIN_PROMPT_WORDS: usize = 4;
 
+/// An error when `prompt` is too short to perturb meaningfully.
+fn check_prompt(prompt: &str) -> Result<()> {
+    let words = prompt.split_whitespace().count();
+    if words < MIN_PROMPT_WORDS {
+        bail!(
+            "the prompt {prompt:?} has {words} word(s); perturbing needs at least {MIN_PROMPT_WORDS}, so give a longer prompt"
+        );
+    }
+    Ok(())
+}
+
 /// `prompt` perturbed by `kind` at `strength` in [0, 1] (0 leaves it unchanged); seeded.
 pub fn perturb(prompt: &str, kind: Perturbation, strength: f64, seed: u64) -> Result<String> {
     if !(0.0..=1.0).contains(&strength) {
         bail!("strength {strength} must be in [0, 1]");
     }
+    check_prompt(prompt)?;
     let words: Vec<&str> = prompt.split_whitespace().collect();
-    if words.len() < MIN_PROMPT_WORDS {
-        bail!(
-            "the prompt {prompt:?} has {} word(s); perturbing needs at least {MIN_PROMPT_WORDS}, so give a longer prompt",
-            words.len()
-        );
-    }
     if strength == 0.0 {
         return Ok(prompt.to_owned());
     }
@@ -219,7 +225,7 @@ pub async fn run(o: &StressOptions, mut progress: impl FnMut(&str)) -> Result<St
         bail!("no prompts: give --prompt ID=TEXT or a canary config");
     }
     for (id, p) in &o.prompts {
-        perturb(p, Perturbation::Confusion, 0.5, 0).with_context(|| format!("prompt {id}"))?;
+        check_prompt(p).with_context(|| format!("prompt {id}"))?;
     }
     if o.strengths.iter().any(|s| !(*s > 0.0 && *s <= 1.0)) {
         bail!("--strengths must each be in (0, 1], e.g. 0.25,0.5,1");

@@ -176,9 +176,10 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
         }
     }
 
+    // The first pass is ordinary least squares: its (XᵀX)⁻¹ is also what the intervals need.
     let mut weights = vec![1.0; rows.len()];
-    let mut beta =
-        weighted_least_squares(&rows, &y, &weights, dropped).expect("checked design is invertible").0;
+    let (mut beta, unweighted_inverse) =
+        weighted_least_squares(&rows, &y, &weights, dropped).expect("checked design is invertible");
     let mut scale = 0.0;
     for _ in 0..IRLS_ITERATIONS {
         let residuals: Vec<f64> = rows.iter().zip(&y).map(|(r, y)| y - dot(r, &beta)).collect();
@@ -203,8 +204,6 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
     // would understate it: down-weighting shrinks the residual sum).
     let n = rows.len();
     let dof = (n - 4) as f64;
-    let (_, inverse) =
-        weighted_least_squares(&rows, &y, &vec![1.0; n], dropped).expect("checked design is invertible");
     let sigma2 = if scale > 0.0 {
         let u: Vec<f64> = rows.iter().zip(&y).map(|(r, y)| (y - dot(r, &beta)) / scale).collect();
         let psi2 = u.iter().map(|u| u.clamp(-HUBER_K, HUBER_K).powi(2)).sum::<f64>() / dof;
@@ -215,7 +214,7 @@ pub fn fit_coupled(obs: &[CoupledObservation], confidence: f64) -> Result<Couple
     };
     let t = StudentsT::new(0.0, 1.0, dof).expect("dof > 0").inverse_cdf(0.5 + confidence / 2.0);
     let coefficient = |i: usize| {
-        let std_error = (sigma2 * inverse[i][i]).max(0.0).sqrt();
+        let std_error = (sigma2 * unweighted_inverse[i][i]).max(0.0).sqrt();
         Coefficient {
             estimate: beta[i],
             std_error,

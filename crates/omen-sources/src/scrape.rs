@@ -234,6 +234,8 @@ pub struct Scraper {
     ratios: HashMap<StateKey, (f64, f64)>,
     server: Option<ServerKind>,
     warnings: Vec<String>,
+    /// The warnings last handed out by [`Scraper::changed_warnings`].
+    reported_warnings: Vec<String>,
 }
 
 impl Scraper {
@@ -258,6 +260,7 @@ impl Scraper {
             ratios: HashMap::new(),
             server: None,
             warnings: Vec::new(),
+            reported_warnings: Vec::new(),
         })
     }
 
@@ -280,6 +283,16 @@ impl Scraper {
     /// Metrics of the last scrape that were skipped, and why (e.g. a family with no samples).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// The last scrape's warnings when they differ from those this returned before (so a
+    /// caller logs a skipped family once, not every interval); None when unchanged.
+    pub fn changed_warnings(&mut self) -> Option<&[String]> {
+        if self.warnings == self.reported_warnings {
+            return None;
+        }
+        self.reported_warnings.clone_from(&self.warnings);
+        Some(&self.warnings)
     }
 
     /// Fetches the metrics page and maps it into samples at `ts_ms`.
@@ -562,6 +575,18 @@ pub fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_are_handed_out_once_per_change() {
+        let mut s = Scraper::new("http://127.0.0.1:1/metrics").unwrap();
+        s.ingest("", 0).unwrap();
+        assert_eq!(s.changed_warnings(), Some(&["the metrics page is empty".to_owned()][..]));
+        s.ingest("", 1).unwrap();
+        assert_eq!(s.changed_warnings(), None, "the same warnings again are not news");
+        s.ingest("vllm:num_requests_waiting 3\n", 2).unwrap();
+        assert_eq!(s.changed_warnings(), Some(&[][..]), "their end is");
+        assert_eq!(s.changed_warnings(), None);
+    }
 
     #[test]
     fn quantile_matches_prometheus_interpolation() {

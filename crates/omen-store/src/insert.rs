@@ -44,12 +44,11 @@ impl Store {
         let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
         let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
         match result {
-            Ok(newest_raw) => {
+            Ok(()) => {
                 // Decimated samples are stored too (in their minute's aggregate): "now" for
                 // relative queries is the newest of all of them, not only of the raw rows, or
                 // a sample decimated into a new minute would fall outside `now-…` windows.
-                let newest = samples.iter().map(|s| s.ts_ms).max().into_iter().chain(newest_raw).max();
-                if let Some(ts) = newest {
+                if let Some(ts) = samples.iter().map(|s| s.ts_ms).max() {
                     self.latest_stored_ts.fetch_max(ts, Ordering::Relaxed);
                 }
                 // The batch is committed either way; a failure here only keeps log rows longer.
@@ -95,7 +94,7 @@ impl Store {
     }
 }
 
-/// Writes one batch in one transaction; returns the newest raw timestamp written. The
+/// Writes one batch in one transaction. The
 /// open minutes are updated in place; `undo` records a series' state before each change.
 fn insert_batch(
     w: &mut Writer,
@@ -104,10 +103,9 @@ fn insert_batch(
     samples: &[Sample],
     keep_raw: &[bool],
     ids: &mut [Option<SeriesId>],
-) -> Result<Option<i64>> {
+) -> Result<()> {
     let Writer { conn, series_ids, minutes, newest_minute, .. } = w;
     let tx = conn.transaction()?;
-    let mut newest_raw: Option<i64> = None;
     // Decimated samples folded into open minutes, for minute_log (see the module doc).
     let mut logged: Vec<u8> = Vec::new();
     let mut logged_minute = i64::MIN;
@@ -142,7 +140,6 @@ fn insert_batch(
             let raw = keep_raw.get(i).copied().unwrap_or(true);
             if raw {
                 insert.execute(params![id, s.ts_ms, s.value])?;
-                newest_raw = Some(newest_raw.map_or(s.ts_ms, |t| t.max(s.ts_ms)));
             }
             let bucket = minute_of(s.ts_ms);
             batch_newest_minute = batch_newest_minute.max(bucket);
@@ -186,7 +183,7 @@ fn insert_batch(
     }
     tx.commit()?;
     *newest_minute = (*newest_minute).max(batch_newest_minute);
-    Ok(newest_raw)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -209,6 +206,26 @@ mod tests {
         assert_eq!(store.count("kv").unwrap(), 6);
         let m = store.range("kv", &BTreeMap::new(), t0, t0 + 60_000, 60_000, Resolution::Minute).unwrap();
         assert_eq!(m[0].points, vec![(t0, 29.5)]);
+    }
+
+    #[test]
+    fn the_newest_sample_is_now_even_when_it_was_decimated() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_659_000; // one second before a minute starts
+        store.insert(&[sample(t0 - 3 * 86_400_000, "old", "0", 1.0)]).unwrap();
+        store.insert_with_raw(&[sample(t0, "q", "0", 7.0)], &[true]).unwrap();
+        // Decimated (no raw row) and in the next minute: still the newest stored sample.
+        store.insert_with_raw(&[sample(t0 + 2_000, "q", "0", 11.0)], &[false]).unwrap();
+        assert_eq!(store.latest_ts().unwrap(), Some(t0 + 2_000));
+        let m = store
+            .range("q", &BTreeMap::new(), t0 - 60_000, t0 + 2_001, 3_600_000, Resolution::Minute)
+            .unwrap();
+        assert_eq!(m[0].points.len(), 1);
+        assert_eq!(m[0].points[0].1, 9.0, "both minutes are in the window");
+        // Retention that deletes older rows keeps it.
+        assert!(store.apply_retention(t0 + 2_000, 1, 1, 1).unwrap() > 0);
+        assert_eq!(store.latest_ts().unwrap(), Some(t0 + 2_000));
     }
 
     #[test]

@@ -66,8 +66,8 @@ impl Store {
         day_days: u32,
     ) -> Result<usize> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let mut n =
-            w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [now_ms - raw_days as i64 * DAY_MS])?;
+        let raw_cutoff = now_ms - raw_days as i64 * DAY_MS;
+        let mut n = w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [raw_cutoff])?;
         let minute_cutoff = now_ms - minute_days as i64 * DAY_MS;
         n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
         // Logged samples of minutes past retention would only rebuild them after a crash.
@@ -81,8 +81,13 @@ impl Store {
         }
         n += w.conn.execute("DELETE FROM day_agg WHERE day_ms < ?1", [now_ms - day_days as i64 * DAY_MS])?;
         if n > 0 {
-            let latest: Option<i64> = w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
-            self.latest_stored_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
+            // Retention deletes the oldest rows: the newest stored time can only have gone
+            // when it was itself past the raw cutoff.
+            if self.latest_stored_ts.load(Ordering::Relaxed) < raw_cutoff {
+                let latest: Option<i64> =
+                    w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+                self.latest_stored_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
+            }
             self.changed();
         }
         Ok(n)
