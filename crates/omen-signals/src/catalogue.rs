@@ -146,9 +146,18 @@ signals! {
     /// Requests the server is running (scraped).
     SERVER_REQUESTS_RUNNING = "server_requests_running", "", "omen.server_requests_running", false, None,
         "Requests the inference server is running (scraped)";
-    /// Preemptions so far (scraped).
-    SERVER_PREEMPTIONS_TOTAL = "server_preemptions_total", "", "omen.server_preemptions_total", false, None,
-        "Preemptions the inference server reported so far (scraped)";
+    /// Preemptions per second (scraped counter rate).
+    SERVER_PREEMPTIONS_PER_SECOND = "server_preemptions_per_second", "", "omen.server_preemptions_per_second",
+        false, None,
+        "Requests preempted (vLLM) or retracted (SGLang) per second over the last scrape interval, from the server's counter";
+    /// Aborted requests per second (scraped counter rate).
+    SERVER_ABORTED_REQUESTS_PER_SECOND = "server_aborted_requests_per_second", "",
+        "omen.server_aborted_requests_per_second", false, None,
+        "Requests the inference server aborted per second over the last scrape interval, from its counter";
+    /// Corrupted requests per second (vLLM: NaN in the logits).
+    SERVER_CORRUPTED_REQUESTS_PER_SECOND = "server_corrupted_requests_per_second", "",
+        "omen.server_corrupted_requests_per_second", false, None,
+        "Requests vLLM flagged as corrupted (NaN logits) per second over the last scrape interval, from its counter";
     /// Server-side TTFT p99 over the scrape interval.
     SERVER_TTFT_P99_SECONDS = "server_ttft_p99_seconds", "s", "omen.server_ttft_p99_seconds", false, None,
         "P99 time to first token over the last scrape interval, from the server's histogram, seconds";
@@ -161,6 +170,20 @@ signals! {
     /// Server-side queueing time p99 over the scrape interval.
     SERVER_QUEUE_P99_SECONDS = "server_queue_p99_seconds", "s", "omen.server_queue_p99_seconds", false, None,
         "P99 queueing time over the last scrape interval, from the server's histogram, seconds";
+    /// Server-side prefill time p99 over the scrape interval.
+    SERVER_PREFILL_P99_SECONDS = "server_prefill_p99_seconds", "s", "omen.server_prefill_p99_seconds", false, None,
+        "P99 prefill time of a request over the last scrape interval, from the server's histogram, seconds";
+    /// Server-side decode time p99 over the scrape interval.
+    SERVER_DECODE_P99_SECONDS = "server_decode_p99_seconds", "s", "omen.server_decode_p99_seconds", false, None,
+        "P99 decode time of a request (first to last token) over the last scrape interval, from the server's histogram, seconds";
+    /// Server-side inference time (prefill + decode) p99 over the scrape interval.
+    SERVER_INFERENCE_P99_SECONDS = "server_inference_p99_seconds", "s", "omen.server_inference_p99_seconds",
+        false, None,
+        "P99 time a request spent running (prefill + decode, no queueing) over the last scrape interval, from the server's histogram, seconds";
+    /// p99 across requests of each request's mean time per output token (TGI).
+    SERVER_REQUEST_MEAN_TPOT_P99_SECONDS = "server_request_mean_tpot_p99_seconds", "s",
+        "omen.server_request_mean_tpot_p99_seconds", false, None,
+        "P99 across the last scrape interval's requests of each request's mean time per output token (a per-request mean, not inter-token latency), seconds";
     /// Prefix-cache hit ratio (scraped).
     SERVER_PREFIX_CACHE_HIT_RATIO = "server_prefix_cache_hit_ratio", "1", "omen.server_prefix_cache_hit_ratio",
         false, None, "Prefix-cache hits / queries of the inference server (scraped)";
@@ -174,6 +197,22 @@ signals! {
     /// Tokens in the server's KV cache (scraped).
     SERVER_KVCACHE_TOKENS = "server_kvcache_tokens", "", "omen.server_kvcache_tokens", false, None,
         "Tokens in the inference server's KV cache (scraped)";
+    /// KV-cache capacity in tokens (scraped or read from the server's slots).
+    SERVER_KVCACHE_CAPACITY_TOKENS = "server_kvcache_capacity_tokens", "", "omen.server_kvcache_capacity_tokens",
+        false, None, "Tokens the inference server's KV cache can hold";
+    /// KV-cache capacity in blocks (scraped; block-based servers).
+    SERVER_KVCACHE_CAPACITY_BLOCKS = "server_kvcache_capacity_blocks", "", "omen.server_kvcache_capacity_blocks",
+        false, None, "Blocks in the inference server's KV block pool (vLLM, TensorRT-LLM)";
+    /// Tokens per KV block (scraped; block-based servers).
+    SERVER_KVCACHE_BLOCK_SIZE_TOKENS = "server_kvcache_block_size_tokens", "",
+        "omen.server_kvcache_block_size_tokens", false, None,
+        "Tokens one block of the inference server's KV block pool holds (vLLM, TensorRT-LLM)";
+    /// Free KV blocks that still hold a cached prefix (pushed by the vLLM plugin).
+    SERVER_KVCACHE_CACHED_BLOCKS = "server_kvcache_cached_blocks", "", "omen.server_kvcache_cached_blocks", false,
+        None, "Free blocks of the inference server's KV block pool that still hold a cached prefix (pushed)";
+    /// KV blocks in use (scraped; block-based servers).
+    SERVER_KVCACHE_USED_BLOCKS = "server_kvcache_used_blocks", "", "omen.server_kvcache_used_blocks", false, None,
+        "Blocks of the inference server's KV block pool in use (pushed, or scraped from TensorRT-LLM)";
     /// Busy slots per decode step (llama.cpp, scraped).
     SERVER_BUSY_SLOTS_PER_DECODE = "server_busy_slots_per_decode", "", "omen.server_busy_slots_per_decode", false,
         None, "Busy slots per decode step of llama.cpp's server (scraped)";

@@ -70,7 +70,8 @@ pub fn check_name(field: &str, name: &str) -> Result<(), IngestError> {
 
 // ---------------------------------------------------------------- kvcache
 
-/// `POST /v1/ingest/kvcache`: per-layer KV-cache state of one GPU / engine.
+/// `POST /v1/ingest/kvcache`: KV-cache state of one GPU / engine, per layer (`layers`) or
+/// per KV-cache group (`groups`: one block pool shared by a group's layers, as vLLM's is).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvCachePayload {
@@ -78,8 +79,19 @@ pub struct KvCachePayload {
     pub ts_ms: Option<i64>,
     /// GPU index or name; becomes the `gpu` label.
     pub gpu: Option<String>,
+    /// Labels added to every sample (e.g. `server`, `model`, `engine`); names `[a-z_][a-z0-9_]*`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     /// One entry per layer.
+    #[serde(default)]
     pub layers: Vec<KvLayer>,
+    /// One entry per KV-cache group.
+    #[serde(default)]
+    pub groups: Vec<KvGroup>,
+    /// Requests the engine is running, at the snapshot.
+    pub requests_running: Option<u64>,
+    /// Requests waiting in the engine's queue, at the snapshot.
+    pub requests_waiting: Option<u64>,
 }
 
 /// One layer's KV block pool. Give `bitmap_b64` (+`num_blocks`), or `free_extents`
@@ -101,49 +113,179 @@ pub struct KvLayer {
     pub free_extents: Option<Vec<u64>>,
 }
 
-/// Converts a kvcache payload into `kvcache_usage_ratio{layer}` and `kvf_ratio{layer}` samples.
+/// One KV-cache group's block pool: the block map fields of [`KvLayer`], plus the free
+/// blocks as the engine counts them and the free blocks that still hold a cached prefix.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvGroup {
+    /// Group index; becomes the `kv_group` label.
+    pub group: u32,
+    /// Attention type of the group's layers (e.g. `full_attention`); becomes the `attention` label.
+    pub attention: Option<String>,
+    /// Blocks in the pool.
+    pub total_blocks: Option<u64>,
+    /// Blocks in use.
+    pub used_blocks: Option<u64>,
+    /// Base64 of the occupancy bitmap, bit i % 8 of byte i / 8 set = block i in use.
+    pub bitmap_b64: Option<String>,
+    /// Number of blocks the bitmap describes.
+    pub num_blocks: Option<u64>,
+    /// Sizes of the free extents, in blocks.
+    pub free_extents: Option<Vec<u64>>,
+    /// Free blocks as the engine counts them; must agree with the block map when both are given.
+    pub free_blocks: Option<u64>,
+    /// Free blocks that still hold a cached prefix (reusable until evicted).
+    pub cached_blocks: Option<u64>,
+}
+
+/// Converts a kvcache payload into samples: `kvcache_usage_ratio` and `kvf_ratio` per layer
+/// or group, block counts per group, and the request counts.
 pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Sample>, IngestError> {
     let ts_ms = resolve_ts(payload.ts_ms, now_ms, "ts_ms")?;
-    if payload.layers.is_empty() {
-        return Err(reject("layers", "is empty; send at least one layer"));
+    let entries = payload.layers.len() + payload.groups.len();
+    if entries == 0 {
+        return Err(reject("layers", "is empty; send at least one layer (or one entry in groups)"));
     }
-    if payload.layers.len() > MAX_LAYERS_PER_REQUEST {
+    if entries > MAX_LAYERS_PER_REQUEST {
         return Err(reject(
-            "layers",
-            format!("has {} entries; at most {MAX_LAYERS_PER_REQUEST} per request", payload.layers.len()),
+            if payload.layers.is_empty() { "groups" } else { "layers" },
+            format!("has {entries} entries; at most {MAX_LAYERS_PER_REQUEST} layers and groups per request"),
         ));
     }
-    let mut out = Vec::with_capacity(payload.layers.len() * 2);
+    let mut common = check_labels("labels", &payload.labels, MAX_LABELS - 3)?;
+    if let Some(gpu) = &payload.gpu {
+        check_label_value("gpu", gpu)?;
+        common.insert("gpu".to_owned(), gpu.clone());
+    }
+    let mut out = Vec::with_capacity(entries * 2 + 2);
+    let mut push = |signal: &str, labels: &BTreeMap<String, String>, value: f64| {
+        out.push(Sample { ts_ms, signal: signal.to_owned(), labels: labels.clone(), value })
+    };
     let mut seen = std::collections::HashSet::new();
     for (i, layer) in payload.layers.iter().enumerate() {
         let path = |f: &str| format!("layers[{i}].{f}");
         if !seen.insert(layer.layer) {
             return Err(reject(path("layer"), format!("layer {} appears twice", layer.layer)));
         }
-        let (usage, fragmentation) = layer_state(layer, &path)?;
-        let mut labels = BTreeMap::new();
+        let map = BlockMap {
+            total_blocks: layer.total_blocks,
+            used_blocks: layer.used_blocks,
+            bitmap_b64: layer.bitmap_b64.as_deref(),
+            num_blocks: layer.num_blocks,
+            free_extents: layer.free_extents.as_deref(),
+        };
+        let state = layer_state(&map, &path)?;
+        let mut labels = common.clone();
         labels.insert("layer".to_owned(), layer.layer.to_string());
-        if let Some(gpu) = &payload.gpu {
-            labels.insert("gpu".to_owned(), gpu.clone());
+        push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage);
+        if let Some(f) = state.fragmentation {
+            push(catalogue::KVF_RATIO.name, &labels, f.kvf_ratio);
         }
-        out.push(Sample {
-            ts_ms,
-            signal: catalogue::KVCACHE_USAGE_RATIO.name.into(),
-            labels: labels.clone(),
-            value: usage,
-        });
-        if let Some(f) = fragmentation {
-            out.push(Sample { ts_ms, signal: catalogue::KVF_RATIO.name.into(), labels, value: f.kvf_ratio });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, group) in payload.groups.iter().enumerate() {
+        let path = |f: &str| format!("groups[{i}].{f}");
+        if !seen.insert(group.group) {
+            return Err(reject(path("group"), format!("group {} appears twice", group.group)));
         }
+        let map = BlockMap {
+            total_blocks: group.total_blocks,
+            used_blocks: group.used_blocks,
+            bitmap_b64: group.bitmap_b64.as_deref(),
+            num_blocks: group.num_blocks,
+            free_extents: group.free_extents.as_deref(),
+        };
+        let state = layer_state(&map, &path)?;
+        let free = state.total - state.used;
+        if let Some(stated) = group.free_blocks {
+            if stated != free {
+                return Err(reject(
+                    path("free_blocks"),
+                    format!("is {stated} but the block map has {free} free of {} blocks; send one snapshot's figures", state.total),
+                ));
+            }
+        }
+        if let Some(cached) = group.cached_blocks {
+            if cached > free {
+                return Err(reject(
+                    path("cached_blocks"),
+                    format!("{cached} cached blocks exceed the {free} free ones"),
+                ));
+            }
+        }
+        let mut labels = common.clone();
+        labels.insert("kv_group".to_owned(), group.group.to_string());
+        if let Some(attention) = &group.attention {
+            check_label_value(&path("attention"), attention)?;
+            labels.insert("attention".to_owned(), attention.clone());
+        }
+        push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage);
+        if let Some(f) = state.fragmentation {
+            push(catalogue::KVF_RATIO.name, &labels, f.kvf_ratio);
+        }
+        push(catalogue::SERVER_KVCACHE_CAPACITY_BLOCKS.name, &labels, state.total as f64);
+        push(catalogue::SERVER_KVCACHE_USED_BLOCKS.name, &labels, state.used as f64);
+        if let Some(cached) = group.cached_blocks {
+            push(catalogue::SERVER_KVCACHE_CACHED_BLOCKS.name, &labels, cached as f64);
+        }
+    }
+    if let Some(n) = payload.requests_running {
+        push(catalogue::SERVER_REQUESTS_RUNNING.name, &common, n as f64);
+    }
+    if let Some(n) = payload.requests_waiting {
+        push(catalogue::SERVER_REQUESTS_WAITING.name, &common, n as f64);
     }
     Ok(out)
 }
 
-fn layer_state(
-    layer: &KvLayer,
-    path: &dyn Fn(&str) -> String,
-) -> Result<(f64, Option<Fragmentation>), IngestError> {
-    match (&layer.bitmap_b64, &layer.free_extents) {
+/// Checks the label names and values of `labels` (at most `max`), naming `field` on failure.
+fn check_labels(
+    field: &str,
+    labels: &BTreeMap<String, String>,
+    max: usize,
+) -> Result<BTreeMap<String, String>, IngestError> {
+    if labels.len() > max {
+        return Err(reject(field, format!("has {} labels; at most {max}", labels.len())));
+    }
+    for (k, v) in labels {
+        check_name(field, k)?;
+        if matches!(k.as_str(), "gpu" | "layer" | "kv_group" | "attention") {
+            return Err(reject(
+                format!("{field}.{k}"),
+                "is set by the payload's own fields; leave it out of labels",
+            ));
+        }
+        check_label_value(&format!("{field}.{k}"), v)?;
+    }
+    Ok(labels.clone())
+}
+
+fn check_label_value(field: &str, value: &str) -> Result<(), IngestError> {
+    if value.len() > 128 {
+        return Err(reject(field, "is longer than 128 bytes"));
+    }
+    Ok(())
+}
+
+/// The block-map fields one layer or group may carry.
+struct BlockMap<'a> {
+    total_blocks: Option<u64>,
+    used_blocks: Option<u64>,
+    bitmap_b64: Option<&'a str>,
+    num_blocks: Option<u64>,
+    free_extents: Option<&'a [u64]>,
+}
+
+/// What a block map says: blocks in all and in use, usage, and fragmentation when the map has it.
+struct PoolState {
+    total: u64,
+    used: u64,
+    usage: f64,
+    fragmentation: Option<Fragmentation>,
+}
+
+fn layer_state(layer: &BlockMap, path: &dyn Fn(&str) -> String) -> Result<PoolState, IngestError> {
+    match (layer.bitmap_b64, layer.free_extents) {
         (Some(_), Some(_)) => {
             Err(reject(path("bitmap_b64"), "give either bitmap_b64 or free_extents, not both"))
         }
@@ -180,8 +322,9 @@ fn layer_state(
                 .collect();
             let f = fragmentation_from_bitmap(&words, blocks)
                 .map_err(|e| reject(path("bitmap_b64"), e.to_string()))?;
-            let used = blocks as u64 - f.total_free;
-            Ok((used as f64 / blocks as f64, Some(f)))
+            let total = blocks as u64;
+            let used = total - f.total_free;
+            Ok(PoolState { total, used, usage: used as f64 / total as f64, fragmentation: Some(f) })
         }
         (None, Some(extents)) => {
             let total = layer
@@ -194,7 +337,8 @@ fn layer_state(
                     format!("sum to {} free blocks but total_blocks = {total}", f.total_free),
                 ));
             }
-            Ok(((total - f.total_free) as f64 / total as f64, Some(f)))
+            let used = total - f.total_free;
+            Ok(PoolState { total, used, usage: used as f64 / total as f64, fragmentation: Some(f) })
         }
         (None, None) => {
             let total = layer.total_blocks.ok_or_else(|| {
@@ -212,7 +356,7 @@ fn layer_state(
                     format!("{used} used of {total} total is impossible"),
                 ));
             }
-            Ok((used as f64 / total as f64, None))
+            Ok(PoolState { total, used, usage: used as f64 / total as f64, fragmentation: None })
         }
     }
 }
@@ -376,6 +520,68 @@ mod tests {
         assert!(e.reason.contains("seconds"), "{e}");
         let e = kv(r#"{"layers": [{"layer": 1, "total_blocks": 4, "used_blocks": 1}, {"layer": 1, "total_blocks": 4, "used_blocks": 1}]}"#).unwrap_err();
         assert!(e.reason.contains("twice"));
+    }
+
+    #[test]
+    fn kvcache_groups_as_the_vllm_plugin_sends_them() {
+        // 16 blocks, blocks 0, 1 and 8 in use: "AwE=" = 0b00000011, 0b00000001.
+        let s = kv(r#"{"labels": {"server": "vllm", "model": "smollm2", "engine": "0"},
+            "groups": [{"group": 0, "attention": "full_attention", "num_blocks": 16, "bitmap_b64": "AwE=",
+                        "free_blocks": 13, "cached_blocks": 4}],
+            "requests_running": 2, "requests_waiting": 1}"#)
+        .unwrap();
+        let get =
+            |signal: &str| s.iter().find(|x| x.signal == signal).unwrap_or_else(|| panic!("{signal}: {s:?}"));
+        let usage = get("kvcache_usage_ratio");
+        assert_eq!(usage.value, 3.0 / 16.0);
+        let want: BTreeMap<String, String> = [
+            ("attention", "full_attention"),
+            ("engine", "0"),
+            ("kv_group", "0"),
+            ("model", "smollm2"),
+            ("server", "vllm"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(usage.labels, want);
+        assert!(get("kvf_ratio").value >= 1.0);
+        assert_eq!(get("server_kvcache_capacity_blocks").value, 16.0);
+        assert_eq!(get("server_kvcache_used_blocks").value, 3.0);
+        assert_eq!(get("server_kvcache_cached_blocks").value, 4.0);
+        let running = get("server_requests_running");
+        assert_eq!(running.value, 2.0);
+        assert!(!running.labels.contains_key("kv_group"));
+        assert_eq!(get("server_requests_waiting").value, 1.0);
+    }
+
+    #[test]
+    fn kvcache_groups_that_contradict_themselves_are_rejected() {
+        let group = |extra: &str| {
+            format!(r#"{{"groups": [{{"group": 0, "num_blocks": 16, "bitmap_b64": "AwE="{extra}}}]}}"#)
+        };
+        let e = kv(&group(r#", "free_blocks": 12"#)).unwrap_err();
+        assert_eq!(e.field, "groups[0].free_blocks");
+        assert!(e.reason.contains("13 free of 16"), "{e}");
+        let e = kv(&group(r#", "cached_blocks": 14"#)).unwrap_err();
+        assert_eq!(e.field, "groups[0].cached_blocks");
+        // A bitmap longer than the pool it claims.
+        let e = kv(r#"{"groups": [{"group": 0, "num_blocks": 8, "bitmap_b64": "AwE="}]}"#).unwrap_err();
+        assert_eq!(e.field, "groups[0].bitmap_b64");
+        assert!(e.reason.contains("needs 1"), "{e}");
+        let e = kv(r#"{"groups": [{"group": 0, "total_blocks": 4, "used_blocks": 1}, {"group": 0, "total_blocks": 4, "used_blocks": 1}]}"#).unwrap_err();
+        assert_eq!(e.field, "groups[1].group");
+        let e =
+            kv(r#"{"labels": {"Bad": "x"}, "groups": [{"group": 0, "total_blocks": 4, "used_blocks": 1}]}"#)
+                .unwrap_err();
+        assert_eq!(e.field, "labels");
+        let e = kv(
+            r#"{"labels": {"layer": "x"}, "groups": [{"group": 0, "total_blocks": 4, "used_blocks": 1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "labels.layer");
+        let e = kv(r#"{"requests_running": 3}"#).unwrap_err();
+        assert_eq!(e.field, "layers");
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub enum ServerKind {
     Tgi,
     /// llama.cpp's llama-server (`llamacpp:` prefix).
     LlamaCpp,
+    /// TensorRT-LLM: Triton's TensorRT-LLM backend (`nv_trt_llm_`) or trtllm-serve (`trtllm_`).
+    TensorRtLlm,
 }
 
 impl ServerKind {
@@ -51,6 +53,7 @@ impl ServerKind {
             Self::Sglang => "sglang",
             Self::Tgi => "tgi",
             Self::LlamaCpp => "llamacpp",
+            Self::TensorRtLlm => "tensorrt_llm",
         }
     }
 }
@@ -113,7 +116,7 @@ pub enum ScrapeError {
 /// What to do with one known metric.
 #[derive(Debug, Clone, Copy)]
 enum Rule {
-    /// Pass a gauge (or counter) value through under this name.
+    /// Pass a gauge value through under this name.
     Value(&'static str),
     /// p99 of the bucket deltas, under this name.
     P99(&'static str),
@@ -121,65 +124,198 @@ enum Rule {
     RatioHits(&'static str),
     /// Denominator of a delta ratio, under this name.
     RatioQueries(&'static str),
+    /// Per-second rate of a counter between two scrapes, under this name.
+    Rate(&'static str),
+    /// One sample per value of `label`: `(label value, signal)`; the label is dropped.
+    ByLabel(&'static str, &'static [(&'static str, &'static str)]),
+    /// vLLM's `cache_config_info`: the capacity lives in its labels.
+    VllmCacheConfig,
 }
 
-/// The known names. Old and new spellings of one quantity map to the same signal.
-fn rule(name: &str) -> Option<(ServerKind, Rule)> {
+use catalogue::{
+    KVCACHE_USAGE_RATIO as KV_USAGE, SERVER_ABORTED_REQUESTS_PER_SECOND as ABORTED_RATE,
+    SERVER_BUSY_SLOTS_PER_DECODE as BUSY_SLOTS, SERVER_CORRUPTED_REQUESTS_PER_SECOND as CORRUPTED_RATE,
+    SERVER_DECODE_P99_SECONDS as DECODE_P99, SERVER_E2E_P99_SECONDS as E2E_P99,
+    SERVER_GENERATION_TOKENS_PER_SECOND as GENERATION_RATE, SERVER_INFERENCE_P99_SECONDS as INFERENCE_P99,
+    SERVER_ITL_P99_SECONDS as ITL_P99, SERVER_KVCACHE_BLOCK_SIZE_TOKENS as BLOCK_SIZE,
+    SERVER_KVCACHE_CAPACITY_BLOCKS as CAPACITY_BLOCKS, SERVER_KVCACHE_CAPACITY_TOKENS as CAPACITY_TOKENS,
+    SERVER_KVCACHE_TOKENS as KV_TOKENS, SERVER_KVCACHE_USED_BLOCKS as USED_BLOCKS,
+    SERVER_PREEMPTIONS_PER_SECOND as PREEMPTION_RATE, SERVER_PREFILL_P99_SECONDS as PREFILL_P99,
+    SERVER_PREFIX_CACHE_HIT_RATIO as PREFIX_HIT, SERVER_PROMPT_TOKENS_PER_SECOND as PROMPT_RATE,
+    SERVER_QUEUE_P99_SECONDS as QUEUE_P99, SERVER_REQUESTS_RUNNING as RUNNING,
+    SERVER_REQUESTS_WAITING as WAITING, SERVER_REQUEST_MEAN_TPOT_P99_SECONDS as MEAN_TPOT_P99,
+    SERVER_TTFT_P99_SECONDS as TTFT_P99,
+};
+
+/// Whether a mapped name is what the current upstream server exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameStatus {
+    /// Exported by the upstream version the mapping follows.
+    Current,
+    /// Exported only in some states (e.g. a counter that appears at its first event).
+    Conditional,
+    /// An older spelling, kept for servers that still export it.
+    Alias,
+}
+
+/// One mapped upstream name.
+struct Mapping {
+    name: &'static str,
+    server: ServerKind,
+    rules: &'static [Rule],
+    status: NameStatus,
+}
+
+const fn map(name: &'static str, server: ServerKind, rules: &'static [Rule], status: NameStatus) -> Mapping {
+    Mapping { name, server, rules, status }
+}
+
+/// Every upstream name omen maps and what it becomes. Each server's block cites the
+/// upstream source it follows; older spellings map to the same signals as aliases.
+const MAPPINGS: &[Mapping] = {
+    use NameStatus::{Alias, Conditional, Current};
     use Rule::*;
     use ServerKind::*;
-    let r = match name {
-        // vLLM (V1 names first, then the V0 names they replaced)
-        "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
-            (Vllm, Value(catalogue::KVCACHE_USAGE_RATIO.name))
+    &[
+        // vLLM 0.32: vllm/v1/metrics/loggers.py (PrometheusStatLogger); counters end in _total.
+        map("vllm:kv_cache_usage_perc", Vllm, &[Value(KV_USAGE.name)], Current),
+        map("vllm:num_requests_waiting", Vllm, &[Value(WAITING.name)], Current),
+        map("vllm:num_requests_running", Vllm, &[Value(RUNNING.name)], Current),
+        map("vllm:num_preemptions_total", Vllm, &[Rate(PREEMPTION_RATE.name)], Current),
+        map("vllm:prompt_tokens_total", Vllm, &[Rate(PROMPT_RATE.name)], Current),
+        map("vllm:generation_tokens_total", Vllm, &[Rate(GENERATION_RATE.name)], Current),
+        map("vllm:time_to_first_token_seconds", Vllm, &[P99(TTFT_P99.name)], Current),
+        map("vllm:inter_token_latency_seconds", Vllm, &[P99(ITL_P99.name)], Current),
+        map("vllm:request_time_per_output_token_seconds", Vllm, &[P99(MEAN_TPOT_P99.name)], Current),
+        map("vllm:e2e_request_latency_seconds", Vllm, &[P99(E2E_P99.name)], Current),
+        map("vllm:request_queue_time_seconds", Vllm, &[P99(QUEUE_P99.name)], Current),
+        map("vllm:request_prefill_time_seconds", Vllm, &[P99(PREFILL_P99.name)], Current),
+        map("vllm:request_decode_time_seconds", Vllm, &[P99(DECODE_P99.name)], Current),
+        map("vllm:request_inference_time_seconds", Vllm, &[P99(INFERENCE_P99.name)], Current),
+        map("vllm:prefix_cache_hits_total", Vllm, &[RatioHits(PREFIX_HIT.name)], Current),
+        map("vllm:prefix_cache_queries_total", Vllm, &[RatioQueries(PREFIX_HIT.name)], Current),
+        map("vllm:cache_config_info", Vllm, &[VllmCacheConfig], Current),
+        // Counted only when a request's logits held NaN (with VLLM_COMPUTE_NANS_IN_LOGITS).
+        map("vllm:corrupted_requests_total", Vllm, &[Rate(CORRUPTED_RATE.name)], Conditional),
+        // vLLM V0 names (gone in 0.32).
+        map("vllm:gpu_cache_usage_perc", Vllm, &[Value(KV_USAGE.name)], Alias),
+        map("vllm:time_per_output_token_seconds", Vllm, &[P99(ITL_P99.name)], Alias),
+        map("vllm:gpu_prefix_cache_hits_total", Vllm, &[RatioHits(PREFIX_HIT.name)], Alias),
+        map("vllm:gpu_prefix_cache_queries_total", Vllm, &[RatioQueries(PREFIX_HIT.name)], Alias),
+        map("vllm:gpu_prefix_cache_hit_rate", Vllm, &[Value(PREFIX_HIT.name)], Alias),
+        // SGLang: python/sglang/srt/metrics/collector.py at 00ae9c15 (2026 main), with
+        // --enable-metrics. The prefix-cache ratio and token rates come from the counters
+        // (cache_hit_rate and gen_throughput are per-batch gauges of the same quantities).
+        map("sglang:token_usage", Sglang, &[Value(KV_USAGE.name)], Current),
+        map("sglang:num_used_tokens", Sglang, &[Value(KV_TOKENS.name)], Current),
+        map("sglang:max_total_num_tokens", Sglang, &[Value(CAPACITY_TOKENS.name)], Current),
+        map("sglang:num_queue_reqs", Sglang, &[Value(WAITING.name)], Current),
+        map("sglang:num_running_reqs", Sglang, &[Value(RUNNING.name)], Current),
+        map(
+            "sglang:prompt_tokens_total",
+            Sglang,
+            &[Rate(PROMPT_RATE.name), RatioQueries(PREFIX_HIT.name)],
+            Current,
+        ),
+        map("sglang:cached_tokens_total", Sglang, &[RatioHits(PREFIX_HIT.name)], Current),
+        map("sglang:generation_tokens_total", Sglang, &[Rate(GENERATION_RATE.name)], Current),
+        map("sglang:num_retracted_requests_total", Sglang, &[Rate(PREEMPTION_RATE.name)], Current),
+        map("sglang:num_aborted_requests_total", Sglang, &[Rate(ABORTED_RATE.name)], Current),
+        map("sglang:time_to_first_token_seconds", Sglang, &[P99(TTFT_P99.name)], Current),
+        map("sglang:inter_token_latency_seconds", Sglang, &[P99(ITL_P99.name)], Current),
+        map("sglang:e2e_request_latency_seconds", Sglang, &[P99(E2E_P99.name)], Current),
+        map("sglang:queue_time_seconds", Sglang, &[P99(QUEUE_P99.name)], Current),
+        map("sglang:time_per_output_token_seconds", Sglang, &[P99(ITL_P99.name)], Alias),
+        // TGI v3.3.7: router/src/server.rs, router/src/infer/mod.rs (metrics-exporter-prometheus,
+        // no _total suffix). mean_time_per_token is each request's inference time / tokens
+        // (prefill included), so it has a signal of its own, not the inter-token latency's.
+        map("tgi_queue_size", Tgi, &[Value(WAITING.name)], Current),
+        map("tgi_batch_current_size", Tgi, &[Value(RUNNING.name)], Current),
+        map("tgi_request_queue_duration", Tgi, &[P99(QUEUE_P99.name)], Current),
+        map("tgi_request_mean_time_per_token_duration", Tgi, &[P99(MEAN_TPOT_P99.name)], Current),
+        map("tgi_request_inference_duration", Tgi, &[P99(INFERENCE_P99.name)], Current),
+        map("tgi_request_duration", Tgi, &[P99(E2E_P99.name)], Current),
+        // llama.cpp: tools/server/server-task.cpp (to_metrics) at 001d906a, with --metrics.
+        // Token rates come from the counters (the _seconds gauges reset at every scrape, so
+        // two scrapers steal each other's window). KV use comes from GET /slots
+        // ([`slots_samples`]): the kv_cache_usage_ratio and kv_cache_tokens gauges were
+        // removed upstream (llama.cpp PR #13660) and are kept for older builds.
+        map("llamacpp:requests_processing", LlamaCpp, &[Value(RUNNING.name)], Current),
+        map("llamacpp:requests_deferred", LlamaCpp, &[Value(WAITING.name)], Current),
+        map("llamacpp:prompt_tokens_total", LlamaCpp, &[Rate(PROMPT_RATE.name)], Current),
+        map("llamacpp:tokens_predicted_total", LlamaCpp, &[Rate(GENERATION_RATE.name)], Current),
+        map("llamacpp:n_busy_slots_per_decode", LlamaCpp, &[Value(BUSY_SLOTS.name)], Current),
+        map("llamacpp:kv_cache_usage_ratio", LlamaCpp, &[Value(KV_USAGE.name)], Alias),
+        map("llamacpp:kv_cache_tokens", LlamaCpp, &[Value(KV_TOKENS.name)], Alias),
+        // TensorRT-LLM behind Triton: triton_backend/inflight_batcher_llm/src/
+        // custom_metrics_reporter/custom_metrics_reporter.cc (NVIDIA/TensorRT-LLM at 0d5352f5;
+        // tensorrtllm_backend v0.19.0 before the move). Gauges with a category label.
+        map(
+            "nv_trt_llm_kv_cache_block_metrics",
+            TensorRtLlm,
+            &[ByLabel(
+                "kv_cache_block_type",
+                &[
+                    ("max", CAPACITY_BLOCKS.name),
+                    ("used", USED_BLOCKS.name),
+                    ("tokens_per", BLOCK_SIZE.name),
+                    ("fraction", KV_USAGE.name),
+                ],
+            )],
+            Current,
+        ),
+        map(
+            "nv_trt_llm_request_metrics",
+            TensorRtLlm,
+            &[ByLabel("request_type", &[("active", RUNNING.name), ("waiting", WAITING.name)])],
+            Current,
+        ),
+        // trtllm-serve: tensorrt_llm/metrics/collector.py at 050f80de (2026 main), served on
+        // GET /prometheus/metrics (its /metrics is JSON). time_per_output_token is per request.
+        map("trtllm_kv_cache_utilization", TensorRtLlm, &[Value(KV_USAGE.name)], Current),
+        map("trtllm_kv_cache_max_blocks", TensorRtLlm, &[Value(CAPACITY_BLOCKS.name)], Current),
+        map("trtllm_kv_cache_used_blocks", TensorRtLlm, &[Value(USED_BLOCKS.name)], Current),
+        map("trtllm_kv_cache_tokens_per_block", TensorRtLlm, &[Value(BLOCK_SIZE.name)], Current),
+        map("trtllm_kv_cache_hit_rate", TensorRtLlm, &[Value(PREFIX_HIT.name)], Current),
+        map("trtllm_num_requests_running", TensorRtLlm, &[Value(RUNNING.name)], Current),
+        map("trtllm_num_requests_waiting", TensorRtLlm, &[Value(WAITING.name)], Current),
+        map("trtllm_prompt_tokens_total", TensorRtLlm, &[Rate(PROMPT_RATE.name)], Current),
+        map("trtllm_generation_tokens_total", TensorRtLlm, &[Rate(GENERATION_RATE.name)], Current),
+        map("trtllm_time_to_first_token_seconds", TensorRtLlm, &[P99(TTFT_P99.name)], Current),
+        map("trtllm_time_per_output_token_seconds", TensorRtLlm, &[P99(MEAN_TPOT_P99.name)], Current),
+        map("trtllm_e2e_request_latency_seconds", TensorRtLlm, &[P99(E2E_P99.name)], Current),
+        map("trtllm_request_queue_time_seconds", TensorRtLlm, &[P99(QUEUE_P99.name)], Current),
+        map("trtllm_request_prefill_time_seconds", TensorRtLlm, &[P99(PREFILL_P99.name)], Current),
+        map("trtllm_request_decode_time_seconds", TensorRtLlm, &[P99(DECODE_P99.name)], Current),
+        map("trtllm_request_inference_time_seconds", TensorRtLlm, &[P99(INFERENCE_P99.name)], Current),
+    ]
+};
+
+/// The rules for upstream metric `name`, if omen maps it.
+fn rules(name: &str) -> Option<(ServerKind, &'static [Rule])> {
+    MAPPINGS.iter().find(|m| m.name == name).map(|m| (m.server, m.rules))
+}
+
+/// Every upstream name omen maps for `server`, with its status and the signals it feeds.
+pub fn mapped_names(server: ServerKind) -> Vec<(&'static str, NameStatus, Vec<&'static str>)> {
+    MAPPINGS
+        .iter()
+        .filter(|m| m.server == server)
+        .map(|m| (m.name, m.status, m.rules.iter().flat_map(|r| r.signals()).collect()))
+        .collect()
+}
+
+impl Rule {
+    /// The omen signals this rule writes.
+    fn signals(&self) -> Vec<&'static str> {
+        match *self {
+            Rule::Value(s) | Rule::P99(s) | Rule::RatioHits(s) | Rule::RatioQueries(s) | Rule::Rate(s) => {
+                vec![s]
+            }
+            Rule::ByLabel(_, map) => map.iter().map(|(_, s)| *s).collect(),
+            Rule::VllmCacheConfig => vec![CAPACITY_BLOCKS.name, BLOCK_SIZE.name, CAPACITY_TOKENS.name],
         }
-        "vllm:num_requests_waiting" => (Vllm, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
-        "vllm:num_requests_running" => (Vllm, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
-        "vllm:num_preemptions_total" => (Vllm, Value(catalogue::SERVER_PREEMPTIONS_TOTAL.name)),
-        "vllm:time_to_first_token_seconds" => (Vllm, P99(catalogue::SERVER_TTFT_P99_SECONDS.name)),
-        "vllm:inter_token_latency_seconds" | "vllm:time_per_output_token_seconds" => {
-            (Vllm, P99(catalogue::SERVER_ITL_P99_SECONDS.name))
-        }
-        "vllm:e2e_request_latency_seconds" => (Vllm, P99(catalogue::SERVER_E2E_P99_SECONDS.name)),
-        "vllm:request_queue_time_seconds" => (Vllm, P99(catalogue::SERVER_QUEUE_P99_SECONDS.name)),
-        "vllm:prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits_total" => {
-            (Vllm, RatioHits(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name))
-        }
-        "vllm:prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries_total" => {
-            (Vllm, RatioQueries(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name))
-        }
-        "vllm:gpu_prefix_cache_hit_rate" => (Vllm, Value(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name)),
-        // SGLang
-        "sglang:token_usage" => (Sglang, Value(catalogue::KVCACHE_USAGE_RATIO.name)),
-        "sglang:num_queue_reqs" => (Sglang, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
-        "sglang:num_running_reqs" => (Sglang, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
-        "sglang:cache_hit_rate" => (Sglang, Value(catalogue::SERVER_PREFIX_CACHE_HIT_RATIO.name)),
-        "sglang:gen_throughput" => (Sglang, Value(catalogue::SERVER_GENERATION_TOKENS_PER_SECOND.name)),
-        "sglang:time_to_first_token_seconds" => (Sglang, P99(catalogue::SERVER_TTFT_P99_SECONDS.name)),
-        "sglang:inter_token_latency_seconds" | "sglang:time_per_output_token_seconds" => {
-            (Sglang, P99(catalogue::SERVER_ITL_P99_SECONDS.name))
-        }
-        "sglang:e2e_request_latency_seconds" => (Sglang, P99(catalogue::SERVER_E2E_P99_SECONDS.name)),
-        // TGI
-        "tgi_queue_size" => (Tgi, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
-        "tgi_batch_current_size" => (Tgi, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
-        "tgi_request_queue_duration" => (Tgi, P99(catalogue::SERVER_QUEUE_P99_SECONDS.name)),
-        "tgi_request_mean_time_per_token_duration" => (Tgi, P99(catalogue::SERVER_ITL_P99_SECONDS.name)),
-        "tgi_request_duration" => (Tgi, P99(catalogue::SERVER_E2E_P99_SECONDS.name)),
-        // llama.cpp
-        "llamacpp:requests_processing" => (LlamaCpp, Value(catalogue::SERVER_REQUESTS_RUNNING.name)),
-        "llamacpp:requests_deferred" => (LlamaCpp, Value(catalogue::SERVER_REQUESTS_WAITING.name)),
-        "llamacpp:prompt_tokens_seconds" => {
-            (LlamaCpp, Value(catalogue::SERVER_PROMPT_TOKENS_PER_SECOND.name))
-        }
-        "llamacpp:predicted_tokens_seconds" => {
-            (LlamaCpp, Value(catalogue::SERVER_GENERATION_TOKENS_PER_SECOND.name))
-        }
-        "llamacpp:kv_cache_usage_ratio" => (LlamaCpp, Value(catalogue::KVCACHE_USAGE_RATIO.name)),
-        "llamacpp:kv_cache_tokens" => (LlamaCpp, Value(catalogue::SERVER_KVCACHE_TOKENS.name)),
-        "llamacpp:n_busy_slots_per_decode" => (LlamaCpp, Value(catalogue::SERVER_BUSY_SLOTS_PER_DECODE.name)),
-        _ => return None,
-    };
-    Some(r)
+    }
 }
 
 type Labels = BTreeMap<String, String>;
@@ -232,6 +368,8 @@ pub struct Scraper {
     histograms: HashMap<StateKey, Vec<(f64, f64)>>,
     /// `(hits, queries)` of each ratio pair at the previous scrape, keyed by output signal.
     ratios: HashMap<StateKey, (f64, f64)>,
+    /// `(ts_ms, value)` of each rate counter at the previous scrape, keyed by output signal.
+    counters: HashMap<StateKey, (i64, f64)>,
     server: Option<ServerKind>,
     warnings: Vec<String>,
     /// The warnings last handed out by [`Scraper::changed_warnings`].
@@ -258,6 +396,7 @@ impl Scraper {
             timeout: Duration::from_secs(10),
             histograms: HashMap::new(),
             ratios: HashMap::new(),
+            counters: HashMap::new(),
             server: None,
             warnings: Vec::new(),
             reported_warnings: Vec::new(),
@@ -296,13 +435,44 @@ impl Scraper {
     }
 
     /// Fetches the metrics page and maps it into samples at `ts_ms`.
+    /// For llama.cpp, whose /metrics no longer carries KV use, it also reads `GET /slots` on
+    /// the same server; a failure there is a warning, not a failed scrape.
     pub async fn scrape(&mut self, client: &reqwest::Client, ts_ms: i64) -> Result<Vec<Sample>, ScrapeError> {
-        let text = self.fetch(client).await?;
-        self.ingest(&text, ts_ms)
+        let text = self.fetch(client, &self.url).await?;
+        let mut samples = self.ingest(&text, ts_ms)?;
+        let has_kv = samples.iter().any(|s| s.signal == KV_USAGE.name);
+        if self.server == Some(ServerKind::LlamaCpp) && !has_kv {
+            let slots_url = self.slots_url();
+            let slots = match self.fetch(client, &slots_url).await {
+                Ok(body) => slots_samples(&body, ts_ms),
+                Err(ScrapeError::Status { status: 501 | 404, .. }) => Err(
+                    "the server has no /slots endpoint (started with --no-slots?), so KV-cache use is unknown".into(),
+                ),
+                Err(e) => Err(e.to_string()),
+            };
+            match slots {
+                Ok(s) => samples.extend(s),
+                Err(e) => self.warnings.push(format!("{slots_url}: {e}")),
+            }
+            samples.sort_by(|a, b| (&a.signal, &a.labels).cmp(&(&b.signal, &b.labels)));
+        }
+        Ok(samples)
     }
 
-    async fn fetch(&self, client: &reqwest::Client) -> Result<String, ScrapeError> {
-        let url = &self.url;
+    /// llama.cpp's slots endpoint beside the scraped /metrics.
+    fn slots_url(&self) -> String {
+        match reqwest::Url::parse(&self.url) {
+            Ok(mut url) => {
+                url.set_path("/slots");
+                url.set_query(None);
+                url.to_string()
+            }
+            Err(_) => self.url.clone(),
+        }
+    }
+
+    async fn fetch(&self, client: &reqwest::Client, url: &str) -> Result<String, ScrapeError> {
+        let url = &url.to_owned();
         let transport = |e: reqwest::Error| {
             if e.is_timeout() {
                 ScrapeError::Timeout { url: url.clone(), timeout: self.timeout }
@@ -376,41 +546,83 @@ impl Scraper {
         let mut histograms = HashMap::new();
         let mut ratio_now: HashMap<StateKey, (Option<f64>, Option<f64>)> = HashMap::new();
         let mut server = None;
+        let mut counters = HashMap::new();
         for metric in &metrics {
-            let Some((kind, rule)) = rule(&metric.name) else { continue };
+            let Some((kind, metric_rules)) = rules(&metric.name) else { continue };
             server.get_or_insert(kind);
-            match rule {
-                Rule::Value(signal) => {
-                    for s in metric.samples.iter().filter(|s| s.value.value_type == ValueType::Sample) {
-                        let value = s.value.value.as_f64();
-                        if value.is_finite() {
-                            let labels = output_labels(kind, source_labels(s));
-                            out.push(Sample { ts_ms, signal: signal.to_owned(), labels, value });
-                        }
-                    }
-                }
-                Rule::P99(signal) => {
-                    for (labels, buckets) in histogram_series(metric, &mut self.warnings) {
-                        let key = (metric.name.clone(), labels);
-                        if let Some(prev) = self.histograms.get(&key) {
-                            if let Some(value) = interval_quantile(LATENCY_QUANTILE, prev, &buckets) {
-                                let labels = output_labels(kind, key.1.clone());
+            let values = || metric.samples.iter().filter(|s| s.value.value_type == ValueType::Sample);
+            for &rule in metric_rules {
+                match rule {
+                    Rule::Value(signal) => {
+                        for s in values() {
+                            let value = s.value.value.as_f64();
+                            if value.is_finite() {
+                                let labels = output_labels(kind, source_labels(s));
                                 out.push(Sample { ts_ms, signal: signal.to_owned(), labels, value });
                             }
                         }
-                        histograms.insert(key, buckets);
                     }
-                }
-                Rule::RatioHits(signal) | Rule::RatioQueries(signal) => {
-                    let hits = matches!(rule, Rule::RatioHits(_));
-                    for s in metric.samples.iter().filter(|s| s.value.value_type == ValueType::Sample) {
-                        let key = (signal.to_owned(), output_labels(kind, source_labels(s)));
-                        let entry = ratio_now.entry(key).or_default();
-                        let v = Some(s.value.value.as_f64());
-                        if hits {
-                            entry.0 = v;
-                        } else {
-                            entry.1 = v;
+                    Rule::ByLabel(label, map) => {
+                        for s in values() {
+                            let mut labels = source_labels(s);
+                            let which = labels.remove(label).unwrap_or_default();
+                            let value = s.value.value.as_f64();
+                            if let Some(&(_, signal)) = map.iter().find(|(v, _)| *v == which) {
+                                if value.is_finite() {
+                                    let labels = output_labels(kind, labels);
+                                    out.push(Sample { ts_ms, signal: signal.to_owned(), labels, value });
+                                }
+                            }
+                        }
+                    }
+                    Rule::VllmCacheConfig => {
+                        for s in values() {
+                            out.extend(vllm_cache_config(kind, source_labels(s), ts_ms, &mut self.warnings));
+                        }
+                    }
+                    Rule::Rate(signal) => {
+                        for s in values() {
+                            let value = s.value.value.as_f64();
+                            if !value.is_finite() {
+                                continue;
+                            }
+                            let key = (signal.to_owned(), output_labels(kind, source_labels(s)));
+                            if let Some(&(prev_ts, prev)) = self.counters.get(&key) {
+                                if let Some(rate) = counter_rate(prev_ts, prev, ts_ms, value) {
+                                    out.push(Sample {
+                                        ts_ms,
+                                        signal: key.0.clone(),
+                                        labels: key.1.clone(),
+                                        value: rate,
+                                    });
+                                }
+                            }
+                            counters.insert(key, (ts_ms, value));
+                        }
+                    }
+                    Rule::P99(signal) => {
+                        for (labels, buckets) in histogram_series(metric, &mut self.warnings) {
+                            let key = (metric.name.clone(), labels);
+                            if let Some(prev) = self.histograms.get(&key) {
+                                if let Some(value) = interval_quantile(LATENCY_QUANTILE, prev, &buckets) {
+                                    let labels = output_labels(kind, key.1.clone());
+                                    out.push(Sample { ts_ms, signal: signal.to_owned(), labels, value });
+                                }
+                            }
+                            histograms.insert(key, buckets);
+                        }
+                    }
+                    Rule::RatioHits(signal) | Rule::RatioQueries(signal) => {
+                        let hits = matches!(rule, Rule::RatioHits(_));
+                        for s in values() {
+                            let key = (signal.to_owned(), output_labels(kind, source_labels(s)));
+                            let entry = ratio_now.entry(key).or_default();
+                            let v = Some(s.value.value.as_f64());
+                            if hits {
+                                entry.0 = v;
+                            } else {
+                                entry.1 = v;
+                            }
                         }
                     }
                 }
@@ -435,14 +647,138 @@ impl Scraper {
             }
             ratios.insert(key, (hits, queries));
         }
+        derive_kv_capacity(&mut out, ts_ms);
         out.sort_by(|a, b| (&a.signal, &a.labels).cmp(&(&b.signal, &b.labels)));
 
         self.histograms = histograms;
+        self.counters = counters;
         self.ratios = ratios;
         if server.is_some() {
             self.server = server;
         }
         Ok(out)
+    }
+}
+
+/// KV use of a llama.cpp server from its `GET /slots` answer (a JSON array, one object per
+/// slot): tokens held (each slot's `n_prompt_tokens`, which counts the cached prefix, the
+/// prompt and the generated tokens, and stays set while an idle slot keeps its cache), the
+/// capacity (the slots' `n_ctx`) and their ratio. Errors name what was wrong with the shape.
+/// Follows `server_slot::to_json` in tools/server/server-context.cpp at 001d906a.
+pub fn slots_samples(body: &str, ts_ms: i64) -> Result<Vec<Sample>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("the answer is not JSON ({e})"))?;
+    let slots = value.as_array().ok_or("the answer is not a JSON array of slots")?;
+    if slots.is_empty() {
+        return Err("the answer lists no slots".into());
+    }
+    let (mut held, mut capacity) = (0.0f64, 0.0f64);
+    for (i, slot) in slots.iter().enumerate() {
+        let number = |key: &str| {
+            slot.get(key).and_then(serde_json::Value::as_f64).filter(|v| v.is_finite() && *v >= 0.0)
+        };
+        let n_ctx = number("n_ctx").ok_or_else(|| format!("slot [{i}] has no non-negative number n_ctx"))?;
+        capacity += n_ctx;
+        match slot.get("n_prompt_tokens") {
+            None => {} // a slot that never ran a task holds nothing
+            Some(_) => {
+                held += number("n_prompt_tokens")
+                    .ok_or_else(|| {
+                        format!("slot [{i}] has an n_prompt_tokens that is not a non-negative number")
+                    })?
+                    .min(n_ctx)
+            }
+        }
+    }
+    let labels: Labels = [("server".to_owned(), ServerKind::LlamaCpp.as_str().to_owned())].into();
+    let sample =
+        |signal: &str, value: f64| Sample { ts_ms, signal: signal.to_owned(), labels: labels.clone(), value };
+    let mut out = vec![sample(KV_TOKENS.name, held), sample(CAPACITY_TOKENS.name, capacity)];
+    if capacity > 0.0 {
+        out.push(sample(KV_USAGE.name, held / capacity));
+    }
+    Ok(out)
+}
+
+/// Per-second rate of a counter from `prev` at `prev_ts` to `value` at `ts_ms`; a counter
+/// that went down was reset and counts from zero. None when no time passed.
+pub fn counter_rate(prev_ts: i64, prev: f64, ts_ms: i64, value: f64) -> Option<f64> {
+    let seconds = (ts_ms - prev_ts) as f64 / 1000.0;
+    if seconds <= 0.0 {
+        return None;
+    }
+    let delta = if value < prev { value } else { value - prev };
+    Some(delta / seconds)
+}
+
+/// The labels of an info metric that name the series (the rest describe configuration).
+const INFO_IDENTITY_LABELS: [&str; 2] = ["engine", "model_name"];
+
+/// Capacity samples from one `vllm:cache_config_info` series: blocks (`num_gpu_blocks`),
+/// tokens per block (`block_size`) and, when vLLM states it, `kv_cache_size_tokens`.
+fn vllm_cache_config(
+    kind: ServerKind,
+    source: Labels,
+    ts_ms: i64,
+    warnings: &mut Vec<String>,
+) -> Vec<Sample> {
+    let number =
+        |key: &str| source.get(key).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| v.is_finite());
+    let labels: Labels = source
+        .iter()
+        .filter(|(k, _)| INFO_IDENTITY_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let labels = output_labels(kind, labels);
+    let mut out = Vec::new();
+    let mut push = |signal: &str, value: f64| {
+        out.push(Sample { ts_ms, signal: signal.to_owned(), labels: labels.clone(), value })
+    };
+    match (number("num_gpu_blocks"), number("block_size")) {
+        (Some(blocks), Some(block_size)) => {
+            push(CAPACITY_BLOCKS.name, blocks);
+            push(BLOCK_SIZE.name, block_size);
+        }
+        _ => warnings.push(
+            "vllm:cache_config_info has no numeric num_gpu_blocks and block_size labels (the engine has not profiled its KV cache yet?); KV capacity skipped".into(),
+        ),
+    }
+    if let Some(tokens) = number("kv_cache_size_tokens") {
+        push(CAPACITY_TOKENS.name, tokens);
+    }
+    out
+}
+
+/// Fills in what follows from a block pool's figures when the server did not state it:
+/// capacity in tokens (blocks x block size) and usage (used / capacity blocks).
+fn derive_kv_capacity(out: &mut Vec<Sample>, ts_ms: i64) {
+    let mut by_labels: BTreeMap<Labels, BTreeMap<&'static str, f64>> = BTreeMap::new();
+    let wanted =
+        [CAPACITY_BLOCKS.name, BLOCK_SIZE.name, CAPACITY_TOKENS.name, USED_BLOCKS.name, KV_USAGE.name];
+    for s in out.iter() {
+        if let Some(name) = wanted.iter().find(|n| **n == s.signal) {
+            by_labels.entry(s.labels.clone()).or_default().insert(name, s.value);
+        }
+    }
+    for (labels, v) in by_labels {
+        let blocks = v.get(CAPACITY_BLOCKS.name).copied();
+        if let (Some(blocks), Some(size), None) =
+            (blocks, v.get(BLOCK_SIZE.name), v.get(CAPACITY_TOKENS.name))
+        {
+            let value = blocks * size;
+            out.push(Sample {
+                ts_ms,
+                signal: CAPACITY_TOKENS.name.to_owned(),
+                labels: labels.clone(),
+                value,
+            });
+        }
+        if let (Some(blocks), Some(used), None) = (blocks, v.get(USED_BLOCKS.name), v.get(KV_USAGE.name)) {
+            if blocks > 0.0 {
+                let value = (used / blocks).clamp(0.0, 1.0);
+                out.push(Sample { ts_ms, signal: KV_USAGE.name.to_owned(), labels, value });
+            }
+        }
     }
 }
 
@@ -476,11 +812,13 @@ fn source_labels(sample: &prom_text_format_parser::Sample) -> Labels {
     sample.labels.iter().map(|l| (l.key.clone(), unescape(&l.value))).collect()
 }
 
-/// omen labels of a source series: `server`, then the source labels with `model_name` -> `model`.
+/// omen labels of a source series: `server`, then the source labels with `model_name` ->
+/// `model`, without `le` and `pid`.
 fn output_labels(kind: ServerKind, source: Labels) -> Labels {
     let mut labels: Labels = source
         .into_iter()
-        .filter(|(k, _)| k != "le" && k != "server")
+        // `pid` (Python multiprocess gauges) changes at every restart: not an identity.
+        .filter(|(k, _)| k != "le" && k != "server" && k != "pid")
         .map(|(k, v)| if k == "model_name" { ("model".to_owned(), v) } else { (k, v) })
         .collect();
     labels.insert("server".to_owned(), kind.as_str().to_owned());

@@ -257,6 +257,13 @@ async fn scrape_maps_real_llama_server_metrics() {
     let tps =
         after.iter().find(|s| s.signal == "server_generation_tokens_per_second").map_or(0.0, |s| s.value);
     assert!(tps > 0.0, "after a probe the generation throughput is positive: {after:?}");
+    // KV use from GET /slots: the one slot (-np 1 -c 2048) keeps the probe's tokens cached.
+    let value = |name: &str| after.iter().find(|s| s.signal == name).map(|s| s.value);
+    assert_eq!(value("server_kvcache_capacity_tokens"), Some(2048.0), "{after:?}");
+    let held = value("server_kvcache_tokens").expect("tokens held");
+    assert!(held > 0.0 && held <= 2048.0, "{held}");
+    assert_eq!(value("kvcache_usage_ratio"), Some(held / 2048.0));
+    assert!(scraper.warnings().is_empty(), "{:?}", scraper.warnings());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
