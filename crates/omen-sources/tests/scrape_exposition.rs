@@ -563,3 +563,24 @@ fn every_current_vllm_name_is_in_a_real_vllm_0_32_page() {
     let third = sc.ingest(&restarted, TS + 30_000).expect("parses");
     assert_eq!(one(&third, "server_prompt_tokens_per_second"), 2.0);
 }
+
+#[test]
+fn docs_integrations_lists_every_mapped_name() {
+    use omen_sources::scrape::mapped_names;
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/integrations.md")).unwrap();
+    for kind in
+        [ServerKind::Vllm, ServerKind::Sglang, ServerKind::Tgi, ServerKind::LlamaCpp, ServerKind::TensorRtLlm]
+    {
+        for (name, _, signals) in mapped_names(kind) {
+            let shown = doc.contains(&format!("`{name}`")) || doc.contains(&format!("`{name}{{"));
+            assert!(shown, "docs/integrations.md does not list {name}");
+            for signal in signals {
+                assert!(
+                    doc.contains(&format!("`{signal}`")),
+                    "docs/integrations.md does not name {signal} (from {name})"
+                );
+            }
+        }
+    }
+}
