@@ -274,7 +274,35 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/scores/latest", get(scores_latest))
         .route("/v1/ingest/{kind}", post(ingest_handler))
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn(move |request, next| {
+            refuse_declared_oversize(request, next, max_body_bytes)
+        }))
         .with_state(state)
+}
+
+/// Answers 413 from the Content-Length alone, before any of an oversized body is read (the
+/// body limit itself still bounds bodies without one).
+async fn refuse_declared_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+    max_body_bytes: usize,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > max_body_bytes as u64 => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            field: None,
+            message: format!(
+                "the body is {n} bytes, more than http.max_body_bytes = {max_body_bytes}; send smaller batches or raise the limit"
+            ),
+        }
+        .into_response(),
+        _ => next.run(request).await,
+    }
 }
 
 /// Only /metrics, /healthz and /readyz (the scrape and probe listener).

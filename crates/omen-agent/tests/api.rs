@@ -109,6 +109,8 @@ async fn ingest_query_and_export() {
     // broken pipe instead of the answer: speak HTTP on a raw socket and read the reply.
     let status = oversized_post_status(agent.api_addr, "/v1/ingest/logits", 12_000_000).await;
     assert!(status.starts_with("HTTP/1.1 413"), "{status}");
+    // The agent is still there after it.
+    assert_eq!(c.get(format!("{base}/healthz")).send().await.unwrap().status(), 200);
 
     // /scores
     let r: Value = get_json(&c, format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-1h")).await;

@@ -14,7 +14,7 @@ import threading
 from . import config, snapshot
 from .pusher import Pusher, now_ns
 
-log = logging.getLogger("omen_vllm")
+log = logging.getLogger("vllm.omen_vllm")
 
 _lock = threading.Lock()
 _registered = False

@@ -19,7 +19,7 @@ import urllib.request
 from . import snapshot as snap_mod
 from .config import Settings
 
-log = logging.getLogger("omen_vllm")
+log = logging.getLogger("vllm.omen_vllm")
 
 
 class Stats:
