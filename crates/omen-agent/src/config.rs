@@ -19,6 +19,8 @@ pub struct Config {
     pub sources: SourcesConfig,
     /// Signal parameters.
     pub signals: SignalsConfig,
+    /// How many series the agent holds, and for how long a silent one stays.
+    pub limits: LimitsConfig,
     /// Health score thresholds.
     pub health: HealthConfig,
     /// Time-to-breach forecasts.
@@ -172,6 +174,28 @@ impl Default for SignalsConfig {
             latch: Duration::from_secs(3600),
             rci_weights: RciWeightsConfig::default(),
         }
+    }
+}
+
+/// `limits`: what bounds the agent's memory whatever is pushed to it. A push that would
+/// create series beyond a cap is refused whole (422) and counted; existing series keep
+/// working; a series silent for `series_idle_timeout` (event time) leaves /metrics and memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most series one signal may have (the OpenTelemetry SDK's default cardinality limit per instrument is 2,000).
+    pub max_series_per_signal: usize,
+    /// Most series in all.
+    pub max_series: usize,
+    /// A series with no sample for this long is dropped from /metrics and memory (its stored
+    /// history stays); 0s keeps every series.
+    #[serde(with = "humantime_serde")]
+    pub series_idle_timeout: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self { max_series_per_signal: 2_000, max_series: 20_000, series_idle_timeout: Duration::from_secs(3600) }
     }
 }
 
@@ -432,6 +456,7 @@ impl Config {
         validate_http(&self.http, &mut p);
         validate_sources(&self.sources, &mut p);
         validate_signals(&self.signals, &mut p);
+        validate_limits(&self.limits, &mut p);
         validate_health(&self.health, &mut p);
         validate_forecast(&self.forecast, &mut p);
         validate_explain(&self.explain, &mut p);
@@ -566,6 +591,21 @@ fn validate_signals(s: &SignalsConfig, p: &mut Problems) {
 }
 
 /// `health`: ordered bands within (0, 1] and an interval of at least 1 s.
+fn validate_limits(l: &LimitsConfig, p: &mut Problems) {
+    if l.max_series_per_signal == 0 {
+        p.bad("limits.max_series_per_signal", "must be at least 1");
+    }
+    if l.max_series < l.max_series_per_signal {
+        p.bad("limits.max_series", "must be at least limits.max_series_per_signal");
+    }
+    if l.max_series > 10_000_000 {
+        p.bad("limits.max_series", "must be at most 10,000,000 (about 2 KB of memory each)");
+    }
+    if !l.series_idle_timeout.is_zero() && l.series_idle_timeout < Duration::from_secs(60) {
+        p.bad("limits.series_idle_timeout", "must be 0s (keep) or at least 1m, longer than any source's interval");
+    }
+}
+
 fn validate_health(h: &HealthConfig, p: &mut Problems) {
     if !(0.0 < h.warning && h.warning < h.critical && h.critical <= 1.0) {
         p.bad("health.warning", format!("need 0 < warning ({}) < critical ({}) <= 1", h.warning, h.critical));

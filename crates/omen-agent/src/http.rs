@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::HealthSummary;
 use crate::metrics::{self, GaugePoint, LiveMetrics};
-use crate::pipeline::IngestJob;
+use crate::pipeline::{IngestJob, PipelineError};
 use omen_store::{Resolution, Store, DAY_MS};
 
 /// Shared state of the handlers.
@@ -414,7 +414,12 @@ async fn ingest_inner(
     }
     match tokio::time::timeout(Duration::from_secs(30), rx).await {
         Ok(Ok(Ok(n))) => Ok(n),
-        Ok(Ok(Err(e))) => Err(ApiError::unavailable(format!("the store could not write the batch: {e}"))),
+        Ok(Ok(Err(PipelineError::Refused(message)))) => {
+            Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: None, message })
+        }
+        Ok(Ok(Err(PipelineError::Store(e)))) => {
+            Err(ApiError::unavailable(format!("the store could not write the batch: {e}")))
+        }
         _ => Err(ApiError::unavailable("the pipeline did not acknowledge the batch in 30 s")),
     }
 }

@@ -112,6 +112,12 @@ pub struct LiveMetrics {
     pub shed: Family<Vec<(String, String)>, Counter>,
     /// Rejected pushes, by endpoint.
     pub rejected: Family<Vec<(String, String)>, Counter>,
+    /// Batches refused because they would create series past a limit, by limit.
+    pub series_rejected: Family<Vec<(String, String)>, Counter>,
+    /// Series dropped after `limits.series_idle_timeout` without a sample.
+    pub series_evicted: Counter,
+    /// Most gauge series held (see [`LiveMetrics::set_series_limit`]).
+    series_limit: std::sync::atomic::AtomicUsize,
 }
 
 fn latency_histogram() -> Histogram {
@@ -139,6 +145,9 @@ impl LiveMetrics {
             samples_ingested: Counter::default(),
             shed: Family::default(),
             rejected: Family::default(),
+            series_rejected: Family::default(),
+            series_evicted: Counter::default(),
+            series_limit: MAX_GAUGE_SERIES.into(),
         };
         m.set_gauge(
             catalogue::BUILD_INFO.name,
@@ -177,7 +186,7 @@ impl LiveMetrics {
             cell.set(value);
             return Some(cell.clone());
         }
-        if self.series.load(Ordering::Relaxed) >= MAX_GAUGE_SERIES {
+        if self.series.load(Ordering::Relaxed) >= self.series_limit.load(Ordering::Relaxed) {
             self.shed.get_or_create(&vec![("reason".into(), "series_limit".into())]).inc();
             return None;
         }
@@ -189,6 +198,12 @@ impl LiveMetrics {
         family.insert(labels, cell.clone());
         self.series.fetch_add(1, Ordering::Relaxed);
         Some(cell)
+    }
+
+    /// Sets the most gauge series held (default [`MAX_GAUGE_SERIES`]); the agent sizes it
+    /// from `limits` so that every admitted series and its anomaly score fit.
+    pub fn set_series_limit(&self, limit: usize) {
+        self.series_limit.store(limit, Ordering::Relaxed);
     }
 
     /// A counter that changes whenever any gauge does (set, created or removed).
@@ -305,6 +320,16 @@ pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
     registry.register("samples_ingested", "Samples accepted by the pipeline", live.samples_ingested.clone());
     registry.register("shed", "Samples or requests shed under load, by reason", live.shed.clone());
     registry.register("ingest_rejected", "Pushes rejected with a 4xx, by endpoint", live.rejected.clone());
+    registry.register(
+        "series_rejected",
+        "Batches refused because they would create series past a limit of the config's limits section, by limit",
+        live.series_rejected.clone(),
+    );
+    registry.register(
+        "series_evicted",
+        "Series dropped from memory and /metrics after limits.series_idle_timeout without a sample",
+        live.series_evicted.clone(),
+    );
     registry.register_collector(Box::new(GaugeCollector(live)));
     registry
 }

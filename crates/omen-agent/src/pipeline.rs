@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use tokio::sync::{mpsc, oneshot};
-use tracing::error;
+use tracing::{error, warn};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, SeriesLimitExceeded};
 use crate::metrics::LiveMetrics;
 use omen_sources::Sample;
 
@@ -17,8 +17,17 @@ use omen_sources::Sample;
 pub struct IngestJob {
     /// Samples to process.
     pub samples: Vec<Sample>,
-    /// Receives the number committed, or the store's error.
-    pub ack: Option<oneshot::Sender<Result<usize, String>>>,
+    /// Receives the number committed, or why not.
+    pub ack: Option<oneshot::Sender<Result<usize, PipelineError>>>,
+}
+
+/// Why a batch was not stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PipelineError {
+    /// The batch was refused as it is (a limit); sending it again will not help.
+    Refused(String),
+    /// The store failed to write it; the message names the cause.
+    Store(String),
 }
 
 /// Starts the pipeline thread: it owns `engine`, `ready` is set until it stops taking jobs, and
@@ -32,14 +41,27 @@ pub fn spawn(
     ready.store(true, Ordering::Relaxed);
     // The pipeline owns the engine on its own thread: SQLite writes block.
     std::thread::Builder::new().name("omen-pipeline".into()).spawn(move || -> Result<()> {
+        // The last refusal logged, so that a source refused every interval logs once.
+        let mut last_refusal: Option<(&'static str, Option<String>)> = None;
         while let Some(job) = jobs.blocking_recv() {
             let n = job.samples.len();
-            let result = engine.process(job.samples);
-            if let Err(e) = &result {
-                error!("pipeline: batch of {n} samples not stored: {e:#}");
-            }
+            let pushed = job.ack.is_some();
+            let result = engine.process(job.samples).map_err(|e| match e.downcast::<SeriesLimitExceeded>() {
+                Ok(refused) => {
+                    let key = (refused.key, refused.signal.clone());
+                    if last_refusal.as_ref() != Some(&key) {
+                        warn!("pipeline: batch of {n} samples refused ({}): {refused}", if pushed { "a push" } else { "a source" });
+                        last_refusal = Some(key);
+                    }
+                    PipelineError::Refused(refused.to_string())
+                }
+                Err(e) => {
+                    error!("pipeline: batch of {n} samples not stored: {e:#}");
+                    PipelineError::Store(format!("{e:#}"))
+                }
+            });
             if let Some(ack) = job.ack {
-                let _ = ack.send(result.map_err(|e| format!("{e:#}")));
+                let _ = ack.send(result);
             }
         }
         ready.store(false, Ordering::Relaxed);

@@ -46,12 +46,12 @@ pub(super) struct SeriesState {
     last_score: f64,
     /// Latest value, read by the model as its input.
     pub(super) last_value: f64,
-    last_ts: i64,
+    pub(super) last_ts: i64,
     /// Live gauge of the series' value and of its anomaly score (None past the series limit).
     value_gauge: Option<GaugeHandle>,
     anomaly_gauge: Option<GaugeHandle>,
     /// The series' labels plus `signal`: the labels of its anomaly score.
-    anomaly_labels: BTreeMap<String, String>,
+    pub(super) anomaly_labels: BTreeMap<String, String>,
     /// Store ids of the series and of its anomaly score, once the store has them (ingest.rs).
     pub(super) store_id: Option<SeriesId>,
     pub(super) anomaly_store_id: Option<SeriesId>,

@@ -12,6 +12,7 @@ mod explain;
 mod forecast;
 mod health;
 mod ingest;
+mod limits;
 #[cfg(feature = "lstm")]
 mod model;
 mod rollup;
@@ -30,6 +31,7 @@ use omen_store::Store;
 pub use explain::{explain, LatencyAttribution, LatencyExplanation, LatencyModel};
 pub use forecast::{CombineSeries, DailyStatistic, IndicatorDefinition, SloForecast};
 pub use health::{AlertEvent, Contributor, HealthSummary, Level};
+pub use limits::SeriesLimitExceeded;
 
 use detection::SeriesMap;
 use ingest::Batch;
@@ -122,8 +124,13 @@ impl Engine {
     }
 
     /// Scores, stores and publishes a batch; ticks when event time passes the health interval.
-    /// Returns after the batch is committed to the store.
+    /// Returns after the batch is committed to the store. A batch that would create series
+    /// past a cap of `limits` is refused whole with a [`SeriesLimitExceeded`] error.
     pub fn process(&mut self, samples: Vec<Sample>) -> Result<usize> {
+        if let Err(refused) = self.admit(&samples) {
+            self.live.series_rejected.get_or_create(&vec![("limit".into(), refused.limit_label().into())]).inc();
+            return Err(refused.into());
+        }
         let mut batch = Batch::new(samples.len(), self.cfg.store.raw_min_interval.as_millis() as i64);
         for (i, s) in samples.iter().enumerate() {
             self.clock_ms = self.clock_ms.max(s.ts_ms);
@@ -167,6 +174,7 @@ impl Engine {
         self.track_level(now_ms, level, &contributors, &forecasts);
         self.store.insert(&out)?;
         self.apply_retention(now_ms)?;
+        self.evict_idle(now_ms);
         self.refresh_explanation(now_ms)?;
         let summary = HealthSummary {
             ts_ms: now_ms,
