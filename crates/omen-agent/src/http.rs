@@ -41,6 +41,8 @@ pub struct AppState {
     pub summary: Arc<RwLock<Option<HealthSummary>>>,
     /// Set once the pipeline runs.
     pub ready: Arc<AtomicBool>,
+    /// Why the store cannot take writes now (set and cleared by the pipeline).
+    pub write_failure: crate::pipeline::WriteFailure,
     /// The /scores/latest body, rebuilt only when the gauges or the summary change.
     pub latest: Arc<LatestCache>,
     /// Store reads in flight at once (one per reader connection); the rest wait here, not on a thread.
@@ -325,7 +327,10 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(st): State<AppState>) -> Response {
-    if st.ready.load(Ordering::Relaxed) {
+    let failure = st.write_failure.read().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(reason) = failure {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: the store cannot take writes: {reason}\n")).into_response()
+    } else if st.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting: the pipeline is not running yet\n").into_response()

@@ -30,12 +30,17 @@ pub enum PipelineError {
     Store(String),
 }
 
-/// Starts the pipeline thread: it owns `engine`, `ready` is set until it stops taking jobs, and
-/// flushes the open minute when every sender has gone.
+/// Why the store cannot take writes now (e.g. the disk is full), for /readyz; None while writes succeed.
+pub type WriteFailure = Arc<std::sync::RwLock<Option<String>>>;
+
+/// Starts the pipeline thread: it owns `engine`, `ready` is set until it stops taking jobs,
+/// `write_failure` holds the last store error until a batch commits again, and it flushes
+/// the open minute when every sender has gone.
 pub fn spawn(
     mut engine: Engine,
     mut jobs: mpsc::Receiver<IngestJob>,
     ready: Arc<AtomicBool>,
+    write_failure: WriteFailure,
 ) -> std::io::Result<std::thread::JoinHandle<Result<()>>> {
     // Ready from the moment the thread exists: jobs sent before it runs wait in the queue.
     ready.store(true, Ordering::Relaxed);
@@ -56,10 +61,22 @@ pub fn spawn(
                     PipelineError::Refused(refused.to_string())
                 }
                 Err(e) => {
-                    error!("pipeline: batch of {n} samples not stored: {e:#}");
-                    PipelineError::Store(format!("{e:#}"))
+                    let reason = omen_store::explain_write_error(&e, engine.store_path());
+                    let mut failure = write_failure.write().unwrap_or_else(|p| p.into_inner());
+                    // One line per spell of failures (and per change of cause), not per batch.
+                    if failure.as_deref() != Some(reason.as_str()) {
+                        error!("pipeline: batch of {n} samples not stored: {reason}");
+                    }
+                    *failure = Some(reason.clone());
+                    PipelineError::Store(reason)
                 }
             });
+            if result.is_ok() {
+                let mut failure = write_failure.write().unwrap_or_else(|p| p.into_inner());
+                if let Some(was) = failure.take() {
+                    warn!("pipeline: the store takes writes again (it failed with: {was})");
+                }
+            }
             if let Some(ack) = job.ack {
                 let _ = ack.send(result);
             }

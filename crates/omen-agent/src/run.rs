@@ -103,7 +103,8 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     let (ingest_tx, ingest_rx) = mpsc::channel::<IngestJob>(cfg.http.ingest_queue);
     let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
 
-    let pipeline = crate::pipeline::spawn(engine, ingest_rx, ready.clone())?;
+    let write_failure = crate::pipeline::WriteFailure::default();
+    let pipeline = crate::pipeline::spawn(engine, ingest_rx, ready.clone(), write_failure.clone())?;
 
     let state = AppState {
         live: live.clone(),
@@ -113,6 +114,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         token: token.map(Arc::from),
         summary,
         ready,
+        write_failure,
         latest: Arc::default(),
         store_reads: Arc::new(tokio::sync::Semaphore::new(http::STORE_READS)),
         range_cache: Default::default(),

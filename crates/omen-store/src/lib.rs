@@ -36,6 +36,24 @@ use query::{Catalog, PooledReader, ReaderPool};
 pub use omen_signals::DAY_MS;
 pub use query::{DayAggregate, RangeSeries, Resolution};
 
+/// A write error as a user reads it: a full disk (or a store past its size) names the file
+/// and what to do; anything else is the error's chain.
+pub fn explain_write_error(e: &anyhow::Error, path: &Path) -> String {
+    let full = e.chain().any(|cause| {
+        cause.downcast_ref::<rusqlite::Error>().and_then(rusqlite::Error::sqlite_error_code)
+            == Some(rusqlite::ErrorCode::DiskFull)
+    });
+    if full {
+        format!(
+            "the disk holding {} is full (SQLite: database or disk is full); free space on it or move store.path elsewhere: \
+             writes resume by themselves once there is room, and reads keep working meanwhile",
+            path.display()
+        )
+    } else {
+        format!("{e:#}")
+    }
+}
+
 /// Identity of a stored series, as [`Store::insert_with_ids`] hands it out.
 pub type SeriesId = i64;
 

@@ -118,6 +118,11 @@ impl Engine {
         Ok(())
     }
 
+    /// The store's file.
+    pub fn store_path(&self) -> &std::path::Path {
+        self.store.path()
+    }
+
     /// Event time: the newest timestamp processed.
     pub fn clock_ms(&self) -> i64 {
         self.clock_ms
