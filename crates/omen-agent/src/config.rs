@@ -86,6 +86,20 @@ pub struct StoreConfig {
     pub minute_retention_days: u32,
     /// Days of day aggregates kept.
     pub day_retention_days: u32,
+    /// What start-up does with a store file that is not a usable omen store (not SQLite,
+    /// cut short, damaged, another program's database).
+    pub on_bad_file: OnBadStoreFile,
+}
+
+/// `store.on_bad_file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadStoreFile {
+    /// Rename it to `<path>.bad-<unix seconds>` (kept for inspection) and start a new store,
+    /// so that a damaged file never keeps the agent in a restart loop.
+    MoveAside,
+    /// Refuse to start, naming the file and what is wrong.
+    Fail,
 }
 
 impl Default for StoreConfig {
@@ -96,6 +110,7 @@ impl Default for StoreConfig {
             raw_min_interval: Duration::from_secs(10),
             minute_retention_days: 45,
             day_retention_days: 400,
+            on_bad_file: OnBadStoreFile::MoveAside,
         }
     }
 }
@@ -195,7 +210,11 @@ pub struct LimitsConfig {
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        Self { max_series_per_signal: 2_000, max_series: 20_000, series_idle_timeout: Duration::from_secs(3600) }
+        Self {
+            max_series_per_signal: 2_000,
+            max_series: 20_000,
+            series_idle_timeout: Duration::from_secs(3600),
+        }
     }
 }
 
@@ -602,7 +621,10 @@ fn validate_limits(l: &LimitsConfig, p: &mut Problems) {
         p.bad("limits.max_series", "must be at most 10,000,000 (about 2 KB of memory each)");
     }
     if !l.series_idle_timeout.is_zero() && l.series_idle_timeout < Duration::from_secs(60) {
-        p.bad("limits.series_idle_timeout", "must be 0s (keep) or at least 1m, longer than any source's interval");
+        p.bad(
+            "limits.series_idle_timeout",
+            "must be 0s (keep) or at least 1m, longer than any source's interval",
+        );
     }
 }
 

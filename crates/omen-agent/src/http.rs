@@ -329,7 +329,8 @@ async fn healthz() -> &'static str {
 async fn readyz(State(st): State<AppState>) -> Response {
     let failure = st.write_failure.read().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(reason) = failure {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: the store cannot take writes: {reason}\n")).into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: the store cannot take writes: {reason}\n"))
+            .into_response()
     } else if st.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n").into_response()
     } else {

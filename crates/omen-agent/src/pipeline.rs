@@ -55,7 +55,10 @@ pub fn spawn(
                 Ok(refused) => {
                     let key = (refused.key, refused.signal.clone());
                     if last_refusal.as_ref() != Some(&key) {
-                        warn!("pipeline: batch of {n} samples refused ({}): {refused}", if pushed { "a push" } else { "a source" });
+                        warn!(
+                            "pipeline: batch of {n} samples refused ({}): {refused}",
+                            if pushed { "a push" } else { "a source" }
+                        );
                         last_refusal = Some(key);
                     }
                     PipelineError::Refused(refused.to_string())

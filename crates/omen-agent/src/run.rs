@@ -82,7 +82,26 @@ impl Agent {
 pub async fn start(cfg: Config) -> Result<Agent> {
     let cfg = Arc::new(cfg);
     let token = cfg.ingest_token().map_err(|p| anyhow::anyhow!("{p}"))?;
-    let store = Arc::new(Store::open(&cfg.store.path)?);
+    let move_aside = cfg.store.on_bad_file == crate::config::OnBadStoreFile::MoveAside;
+    let (store, moved) = Store::open_or_move_aside(&cfg.store.path, move_aside).map_err(|e| {
+        if omen_store::bad_file(&e).is_some() {
+            e.context(format!(
+                "store.path: {} cannot be used; move it aside (mv it elsewhere), point store.path at a new file, \
+                 or set store.on_bad_file: move_aside to have omen do that at start",
+                cfg.store.path.display()
+            ))
+        } else {
+            e
+        }
+    })?;
+    if let Some(aside) = moved {
+        warn!(
+            path = %cfg.store.path.display(),
+            moved_to = %aside.display(),
+            "the store file was not a usable omen store: moved aside, starting a new store (store.on_bad_file: move_aside)"
+        );
+    }
+    let store = Arc::new(store);
     info!(path = %store.path().display(), "store open");
     // Before anything starts, so that a bad model folder fails start-up.
     let worker = start_worker(&cfg)?;

@@ -113,14 +113,19 @@ wait $agent
     }
     let refused = refused.expect("a push on a full disk is refused");
     eprintln!("refused: {refused}");
-    assert!(refused.contains("is full") && refused.contains("omen.db") && refused.contains("free space"), "{refused}");
+    assert!(
+        refused.contains("is full") && refused.contains("omen.db") && refused.contains("free space"),
+        "{refused}"
+    );
     let ready = client.get(format!("{base}/readyz")).send().unwrap();
     assert_eq!(ready.status().as_u16(), 503);
     let why = ready.text().unwrap();
     assert!(why.contains("cannot take writes") && why.contains("is full"), "{why}");
     // Reads keep working.
     let scores: Value = client
-        .get(format!("{base}/scores?signal=before&layer=7&since=2026-11-02T00:00:00Z&until=2026-11-03T00:00:00Z"))
+        .get(format!(
+            "{base}/scores?signal=before&layer=7&since=2026-11-02T00:00:00Z&until=2026-11-03T00:00:00Z"
+        ))
         .send()
         .unwrap()
         .json()

@@ -23,8 +23,9 @@ fn rss_kb(pid: u32) -> u64 {
 }
 
 fn batch(signal: &str, ids: std::ops::Range<usize>) -> Value {
-    let samples: Vec<Value> =
-        ids.map(|i| json!({"signal": signal, "labels": {"request_id": format!("r{i}")}, "value": i as f64})).collect();
+    let samples: Vec<Value> = ids
+        .map(|i| json!({"signal": signal, "labels": {"request_id": format!("r{i}")}, "value": i as f64}))
+        .collect();
     json!({ "samples": samples })
 }
 
@@ -76,7 +77,10 @@ fn a_flood_of_label_sets_is_capped_counted_and_costs_no_memory() {
         let (status, body) = push(&batch(&format!("flood_{s}"), 0..2000));
         assert_eq!(status, 422, "{body}");
         let message = body["error"].as_str().unwrap();
-        assert!(message.contains("limits.max_series = 20000") && message.contains("nothing was stored"), "{message}");
+        assert!(
+            message.contains("limits.max_series = 20000") && message.contains("nothing was stored"),
+            "{message}"
+        );
     }
     // 1,000 more label sets of a full signal: the per-signal cap.
     let (status, body) = push(&batch("flood_0", 2000..3000));

@@ -13,6 +13,7 @@
 //! minute log and crash recovery), `insert` (batches), `query` (readers and queries),
 //! `retention` (day roll-up and deletion).
 
+mod check;
 mod insert;
 mod minutes;
 mod query;
@@ -32,6 +33,7 @@ use rusqlite::Connection;
 use minutes::{flush_open_minutes, read_minute_log, recover_minutes, MinuteTable};
 use query::{Catalog, PooledReader, ReaderPool};
 
+pub use check::{bad_file, BadStoreFile};
 /// One day in milliseconds (re-exported so that users of the store need not name omen-signals).
 pub use omen_signals::DAY_MS;
 pub use query::{DayAggregate, RangeSeries, Resolution};
@@ -85,13 +87,34 @@ struct Writer {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path`. A file that is not a usable omen
+    /// store fails with a [`BadStoreFile`] in the error's chain (see [`bad_file`]).
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_checked(path).map_err(|e| {
+            if bad_file(&e).is_some() {
+                return e;
+            }
+            let damaged = e.chain().find_map(|c| c.downcast_ref::<rusqlite::Error>()).filter(|sqlite| {
+                matches!(
+                    sqlite.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+                )
+            });
+            match damaged {
+                Some(sqlite) => anyhow::Error::new(check::classify_ref(sqlite, path)),
+                None => e,
+            }
+        })
+    }
+
+    fn open_checked(path: &Path) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("store.path: cannot create the folder {}; fix its permissions or choose another store.path", dir.display()))?;
         }
+        check::check_header(path)?;
         let conn = schema::open_connection(path)?;
+        check::check_tables(&conn, path)?;
         schema::create_or_check(&conn, path)?;
         let mut series_ids = SeriesIds::new();
         let mut catalog = Catalog::new();

@@ -57,7 +57,9 @@ impl Engine {
         let limits = &self.cfg.limits;
         let total = self.series_count();
         let largest = self.series.values().map(HashMap::len).max().unwrap_or(0);
-        if total + samples.len() <= limits.max_series && largest + samples.len() <= limits.max_series_per_signal {
+        if total + samples.len() <= limits.max_series
+            && largest + samples.len() <= limits.max_series_per_signal
+        {
             return Ok(());
         }
         let mut new: HashMap<&str, Vec<&BTreeMap<String, String>>> = HashMap::new();
@@ -135,7 +137,12 @@ mod tests {
     const T0: i64 = 1_793_613_600_000;
 
     fn sample(signal: &str, id: usize, ts_ms: i64) -> Sample {
-        Sample { ts_ms, signal: signal.into(), labels: [("id".to_owned(), id.to_string())].into(), value: 1.0 }
+        Sample {
+            ts_ms,
+            signal: signal.into(),
+            labels: [("id".to_owned(), id.to_string())].into(),
+            value: 1.0,
+        }
     }
 
     #[test]
@@ -161,7 +168,8 @@ mod tests {
         assert_eq!(refused.limit_label(), "max_series");
         e.process(vec![sample("c", 1, T0 + 3)]).unwrap();
         assert_eq!(e.series_count(), 5);
-        let rejected = e.live.series_rejected.get_or_create(&vec![("limit".into(), "max_series".into())]).get();
+        let rejected =
+            e.live.series_rejected.get_or_create(&vec![("limit".into(), "max_series".into())]).get();
         assert_eq!(rejected, 1);
     }
 

@@ -133,7 +133,10 @@ impl Engine {
     /// past a cap of `limits` is refused whole with a [`SeriesLimitExceeded`] error.
     pub fn process(&mut self, samples: Vec<Sample>) -> Result<usize> {
         if let Err(refused) = self.admit(&samples) {
-            self.live.series_rejected.get_or_create(&vec![("limit".into(), refused.limit_label().into())]).inc();
+            self.live
+                .series_rejected
+                .get_or_create(&vec![("limit".into(), refused.limit_label().into())])
+                .inc();
             return Err(refused.into());
         }
         let mut batch = Batch::new(samples.len(), self.cfg.store.raw_min_interval.as_millis() as i64);
