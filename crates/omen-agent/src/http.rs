@@ -17,6 +17,7 @@ use omen_sources::ingest::{self, IngestError};
 use omen_sources::now_ms;
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use subtle::ConstantTimeEq as _;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::HealthSummary;
@@ -344,7 +345,9 @@ fn check_token(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(token.as_ref()) {
+    // Constant time: how long a wrong token takes to refuse says nothing about how much of it was right.
+    let matches = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
+    if matches {
         Ok(())
     } else {
         Err(ApiError {

@@ -17,6 +17,10 @@ use crate::semantic;
 use crate::sources;
 use omen_store::Store;
 
+/// How long a stop waits for in-flight requests and probes before it cuts them, so that the
+/// agent exits within 5 s of SIGTERM whatever its upstreams do.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A running agent's handles (for tests and the binary).
 pub struct Agent {
     /// Address the API listens on.
@@ -54,11 +58,23 @@ impl Agent {
         }
     }
 
-    /// Stops listeners and sources, drains the pipeline queue, and waits for it.
+    /// Stops listeners and sources, drains the pipeline queue, and waits for it. Requests
+    /// and probes still running after [`STOP_GRACE`] are cut (a cut push was never
+    /// acknowledged); every acknowledged batch is already committed, and the open minute is
+    /// flushed when the pipeline ends.
     pub async fn stop(self) -> Result<()> {
         let _ = self.shutdown.send(true);
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
+        let mut cut = 0;
         for s in self.servers {
-            let _ = s.await;
+            let abort = s.abort_handle();
+            if tokio::time::timeout_at(deadline, s).await.is_err() {
+                abort.abort();
+                cut += 1;
+            }
+        }
+        if cut > 0 {
+            warn!("{cut} listener or source task(s) still busy after {STOP_GRACE:?} (a slow upstream or client): cut");
         }
         drop(self.state);
         tokio::task::spawn_blocking(move || self.pipeline.join())
