@@ -58,6 +58,32 @@ fn source_up(live: &LiveMetrics, source: &str, up: bool) {
     );
 }
 
+/// A source's failures as a spell: the first failure of a spell is logged, the rounds that
+/// follow are only counted, and the recovery is logged with the count, so a server that is
+/// down for an hour gives two log lines, not one per interval.
+#[derive(Default)]
+struct Spell {
+    failed_rounds: u64,
+}
+
+impl Spell {
+    /// Records a failed round of `what`.
+    fn failed(&mut self, what: &str, error: &dyn std::fmt::Display) {
+        if self.failed_rounds == 0 {
+            warn!("{what} failing: {error} (logged once until it recovers; source_up is 0 meanwhile)");
+        }
+        self.failed_rounds += 1;
+    }
+
+    /// Records a good round of `what`.
+    fn succeeded(&mut self, what: &str) {
+        if self.failed_rounds > 0 {
+            info!("{what} recovered after {} failed round(s)", self.failed_rounds);
+            self.failed_rounds = 0;
+        }
+    }
+}
+
 /// A task that runs `tick` every `interval` until shutdown.
 fn every<F, Fut>(
     interval: Duration,
@@ -96,21 +122,26 @@ pub fn spawn_live(
                 info!(gpus = sampler.gpu_count(), "NVML: sampling GPU memory");
                 let sampler = Arc::new(sampler);
                 let (live, tx) = (live.clone(), tx.clone());
+                let spell = Arc::new(std::sync::Mutex::new(Spell::default()));
                 tasks.push(every(cfg.sources.nvml.interval, stop.clone(), move || {
-                    let (sampler, live, tx) = (sampler.clone(), live.clone(), tx.clone());
+                    let (sampler, live, tx, spell) =
+                        (sampler.clone(), live.clone(), tx.clone(), spell.clone());
                     async move {
-                        match tokio::task::spawn_blocking(move || sampler.sample_with_errors(now_ms())).await
-                        {
+                        let result =
+                            tokio::task::spawn_blocking(move || sampler.sample_with_errors(now_ms())).await;
+                        let mut spell = spell.lock().unwrap_or_else(|e| e.into_inner());
+                        match result {
                             Ok((samples, errors)) => {
-                                for e in &errors {
-                                    warn!("NVML: {e}");
+                                match errors.first() {
+                                    Some(e) => spell.failed("NVML", e),
+                                    None => spell.succeeded("NVML"),
                                 }
                                 source_up(&live, "nvml", errors.is_empty());
                                 offer(&live, &tx, samples, "nvml");
                             }
                             Err(e) => {
                                 source_up(&live, "nvml", false);
-                                warn!("NVML sampling task failed: {e}");
+                                spell.failed("NVML", &format!("the sampling task failed: {e}"));
                             }
                         }
                     }
@@ -122,15 +153,17 @@ pub fn spawn_live(
     }
     if let Some(m) = cfg.sources.server_metrics.clone() {
         let scraper = omen_sources::Scraper::new(&m.url)?.with_timeout(m.timeout);
-        let scraper = Arc::new(tokio::sync::Mutex::new(scraper));
+        let scraper = Arc::new(tokio::sync::Mutex::new((scraper, Spell::default())));
         let client = reqwest::Client::builder().timeout(m.timeout).build()?;
         let (live, tx) = (live.clone(), tx.clone());
         tasks.push(every(m.interval, stop.clone(), move || {
             let (scraper, client, live, tx) = (scraper.clone(), client.clone(), live.clone(), tx.clone());
             async move {
-                let mut s = scraper.lock().await;
+                let mut guard = scraper.lock().await;
+                let (s, spell) = &mut *guard;
                 match s.scrape(&client, now_ms()).await {
                     Ok(samples) => {
+                        spell.succeeded("server metrics");
                         let url = s.url().to_owned();
                         for w in s.changed_warnings().unwrap_or_default() {
                             warn!("server metrics {url}: {w}");
@@ -140,7 +173,7 @@ pub fn spawn_live(
                     }
                     Err(e) => {
                         source_up(&live, "server_metrics", false);
-                        warn!("server metrics: {e}");
+                        spell.failed("server metrics", &e);
                     }
                 }
             }
@@ -159,8 +192,10 @@ pub fn spawn_live(
         let target = Arc::new(target);
         let prompts = Arc::new(c.prompts.clone());
         let (live, tx, store) = (live.clone(), tx.clone(), store.clone());
+        let spells: Arc<tokio::sync::Mutex<Vec<Spell>>> =
+            Arc::new(tokio::sync::Mutex::new(c.prompts.iter().map(|_| Spell::default()).collect()));
         tasks.push(every(c.interval, stop.clone(), move || {
-            let (client, target, prompts, live, tx, store, semantic) = (
+            let (client, target, prompts, live, tx, store, semantic, spells) = (
                 client.clone(),
                 target.clone(),
                 prompts.clone(),
@@ -168,15 +203,21 @@ pub fn spawn_live(
                 tx.clone(),
                 store.clone(),
                 semantic.clone(),
+                spells.clone(),
             );
             async move {
+                let mut spells = spells.lock().await;
                 let mut all_ok = true;
-                for canary in prompts.iter() {
+                for (canary, spell) in prompts.iter().zip(spells.iter_mut()) {
+                    let what = format!("canary {}", canary.id);
                     match probe_canary(&client, &target, canary, &store, weights, semantic.as_ref()).await {
-                        Ok(samples) => offer(&live, &tx, samples, "canary"),
+                        Ok(samples) => {
+                            spell.succeeded(&what);
+                            offer(&live, &tx, samples, "canary");
+                        }
                         Err(e) => {
                             all_ok = false;
-                            warn!(canary = %canary.id, "canary probe failed: {e:#}");
+                            spell.failed(&what, &format!("{e:#}"));
                         }
                     }
                 }

@@ -115,7 +115,10 @@ fn sigterm_during_a_push_flood_loses_nothing_acknowledged() {
         let v: Vec<u64> = line.split_whitespace().map(|x| x.parse().unwrap()).collect();
         let acknowledged = acked[t].load(Ordering::Relaxed);
         assert!(v[0] >= acknowledged, "flood_{t}: {} stored of {acknowledged} acknowledged", v[0]);
-        assert_eq!(v[1], v[0], "flood_{t}: the minute aggregates count every stored sample (open minute flushed)");
+        assert_eq!(
+            v[1], v[0],
+            "flood_{t}: the minute aggregates count every stored sample (open minute flushed)"
+        );
         eprintln!("flood_{t}: {acknowledged} acknowledged, {} stored", v[0]);
     }
     drop(held);

@@ -7,6 +7,14 @@ use std::process::{Child, Command, Stdio};
 /// A llama-server child process, killed when dropped.
 pub struct Server(Child);
 
+impl Server {
+    /// The server's process id (to signal it).
+    #[allow(dead_code)] // not every test that includes this module signals the server
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
