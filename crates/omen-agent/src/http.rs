@@ -228,9 +228,9 @@ impl LatestCache {
     }
 }
 
-/// An error response: status and a JSON body naming the problem.
+/// An error response: status and a JSON body naming the problem (the field, if any, and what to do).
 #[derive(Debug)]
-struct ApiError {
+pub struct ApiError {
     status: StatusCode,
     field: Option<String>,
     message: String,
@@ -486,7 +486,7 @@ const MAX_POINTS: i64 = 11_000;
 async fn scores(
     State(st): State<AppState>,
     RawQuery(raw_query): RawQuery,
-    Query(mut q): Query<HashMap<String, String>>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     // Read before the store, so a write during the read only makes the entry stale sooner.
     let generation = st.store.generation();
@@ -494,58 +494,14 @@ async fn scores(
     if let Some(body) = st.range_cache.get(&raw_query, generation) {
         return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
     }
-    let signal = q.remove("signal").ok_or_else(|| {
-        ApiError::bad("signal", "is required, e.g. /scores?signal=health_score&since=now-6h")
-    })?;
-    ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
-    let store = st.store.clone();
     // Kept in memory by the store: no read needed.
-    let latest = store.latest_ts().map_err(store_error)?;
+    let latest = st.store.latest_ts().map_err(store_error)?;
     // Default "now" is the newest stored sample, so that replayed traces are queryable too.
     let now = latest.map_or_else(now_ms, |t| t + 1).max(0);
-    let until = match q.remove("until") {
-        Some(t) => parse_time("until", &t, now)?,
-        None => now,
-    };
-    let since = match q.remove("since") {
-        Some(t) => parse_time("since", &t, now)?,
-        None => until - 3_600_000,
-    };
-    if since >= until {
-        return Err(ApiError::bad(
-            "since",
-            format!("since ({}) must be before until ({})", rfc3339(since), rfc3339(until)),
-        ));
-    }
-    let step_ms = match q.remove("step") {
-        Some(s) => humantime::parse_duration(&s)
-            .map_err(|e| ApiError::bad("step", format!("{s:?}: {e}; write e.g. 1m, 5m, 1h, 1d")))?
-            .as_millis() as i64,
-        None => ((until - since) / 300).max(1000),
-    };
-    if step_ms < 1000 {
-        return Err(ApiError::bad("step", "must be at least 1s"));
-    }
-    if (until - since) / step_ms > MAX_POINTS {
-        return Err(ApiError::bad(
-            "step",
-            format!(
-                "gives {} points per series; at most {MAX_POINTS} — use a larger step",
-                (until - since) / step_ms
-            ),
-        ));
-    }
-    let resolution = if step_ms >= DAY_MS {
-        Resolution::Day
-    } else if step_ms >= 60_000 && until - since > 6 * 3_600_000 {
-        Resolution::Minute
-    } else {
-        Resolution::Raw
-    };
-    // Remaining query parameters are label matchers: /scores?signal=kvf_ratio&layer=3
-    let matchers: BTreeMap<String, String> = q.into_iter().collect();
+    let RangeQuery { signal, since, until, step_ms, resolution, matchers } = parse_range_query(q, now)?;
+    let store = st.store.clone();
     let series = if resolution == Resolution::Raw
-        && until - since <= INLINE_SPAN_MS
+        && until.saturating_sub(since) <= INLINE_SPAN_MS
         && store.series_matching(&signal, &matchers) <= INLINE_SERIES
     {
         // A few hundred rows: cheaper to read here than to hand to a blocking thread and back.
@@ -575,6 +531,75 @@ async fn scores(
         st.range_cache.put(&raw_query, generation, body.clone());
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// A checked `/scores` query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RangeQuery {
+    /// The signal.
+    pub signal: String,
+    /// Start, Unix ms.
+    pub since: i64,
+    /// End (exclusive), Unix ms.
+    pub until: i64,
+    /// Bucket width, ms.
+    pub step_ms: i64,
+    /// Which table answers.
+    pub resolution: Resolution,
+    /// Label matchers: every other parameter.
+    pub matchers: BTreeMap<String, String>,
+}
+
+/// A `/scores` query's parameters (as the URL decoder gives them) checked against `now`
+/// (Unix ms): every problem is a 400 naming the parameter.
+pub fn parse_range_query(mut q: HashMap<String, String>, now: i64) -> Result<RangeQuery, ApiError> {
+    let signal = q.remove("signal").ok_or_else(|| {
+        ApiError::bad("signal", "is required, e.g. /scores?signal=health_score&since=now-6h")
+    })?;
+    ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
+    let until = match q.remove("until") {
+        Some(t) => parse_time("until", &t, now)?,
+        None => now,
+    };
+    let since = match q.remove("since") {
+        Some(t) => parse_time("since", &t, now)?,
+        None => until.saturating_sub(3_600_000),
+    };
+    if since >= until {
+        return Err(ApiError::bad(
+            "since",
+            format!("since ({}) must be before until ({})", rfc3339(since), rfc3339(until)),
+        ));
+    }
+    let step_ms = match q.remove("step") {
+        Some(s) => {
+            let step = humantime::parse_duration(&s)
+                .map_err(|e| ApiError::bad("step", format!("{s:?}: {e}; write e.g. 1m, 5m, 1h, 1d")))?;
+            i64::try_from(step.as_millis())
+                .map_err(|_| ApiError::bad("step", format!("{s:?} is too long")))?
+        }
+        None => (until.saturating_sub(since) / 300).max(1000),
+    };
+    if step_ms < 1000 {
+        return Err(ApiError::bad("step", "must be at least 1s"));
+    }
+    let span = until.saturating_sub(since);
+    if span / step_ms > MAX_POINTS {
+        return Err(ApiError::bad(
+            "step",
+            format!("gives {} points per series; at most {MAX_POINTS} — use a larger step", span / step_ms),
+        ));
+    }
+    let resolution = if step_ms >= DAY_MS {
+        Resolution::Day
+    } else if step_ms >= 60_000 && span > 6 * 3_600_000 {
+        Resolution::Minute
+    } else {
+        Resolution::Raw
+    };
+    // Remaining query parameters are label matchers: /scores?signal=kvf_ratio&layer=3
+    let matchers: BTreeMap<String, String> = q.into_iter().collect();
+    Ok(RangeQuery { signal, since, until, step_ms, resolution, matchers })
 }
 
 /// `/scores/latest[?signal=NAME&LABEL=VALUE...]`: the cached body, or the matching signals only.

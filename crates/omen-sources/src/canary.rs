@@ -596,6 +596,97 @@ fn server_message(error: &serde_json::Value) -> String {
     }
 }
 
+/// What one SSE `data` payload of a completion stream meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// `[DONE]`: the stream is complete.
+    Done,
+    /// The first chunk with a token (text or logprobs).
+    FirstToken,
+    /// Anything else worth reading on.
+    More,
+}
+
+/// Why a stream cannot be read on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamIssue {
+    /// Not an OpenAI-style completion chunk, or too long; the reason says which.
+    Malformed(String),
+    /// The server sent an error object in the stream.
+    ServerError(String),
+}
+
+/// The state of a completion stream read so far: the answer, the first token's top
+/// logprobs and the token counts. Pure (no clock, no I/O): [`probe`] times the events.
+#[derive(Debug, Default)]
+pub struct StreamState {
+    /// Top logprobs of the first token, once seen.
+    pub first_top: Option<Vec<f64>>,
+    /// The answer so far.
+    pub answer: String,
+    /// Tokens counted from logprobs.
+    pub logprob_tokens: usize,
+    /// Chunks that carried text.
+    pub content_chunks: usize,
+    /// completion_tokens from a usage chunk.
+    pub usage_tokens: Option<u64>,
+    /// `[DONE]` was seen.
+    pub done: bool,
+    /// A token was seen.
+    seen_token: bool,
+}
+
+impl StreamState {
+    /// Reads one SSE `data` payload, feeding new text to `rci` when given.
+    pub fn on_data(&mut self, data: &str, mut rci: Option<&mut StreamingRci>) -> Result<Event, StreamIssue> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(Event::Done);
+        }
+        if data.is_empty() {
+            return Ok(Event::More);
+        }
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| StreamIssue::Malformed(format!("a data line is not a completion chunk ({e})")))?;
+        if let Some(error) = &chunk.error {
+            return Err(StreamIssue::ServerError(server_message(error)));
+        }
+        if let Some(n) = chunk.usage.and_then(|u| u.completion_tokens) {
+            self.usage_tokens = Some(n);
+        }
+        let mut first = false;
+        for choice in chunk.choices.iter().filter(|c| c.index == 0) {
+            let text = choice.new_text().unwrap_or("");
+            let n_logprobs = choice.logprobs.as_ref().map_or(0, Logprobs::token_count);
+            if text.is_empty() && n_logprobs == 0 {
+                continue;
+            }
+            if !self.seen_token {
+                self.seen_token = true;
+                first = true;
+            }
+            if self.first_top.is_none() {
+                self.first_top = choice.logprobs.as_ref().and_then(Logprobs::first_top);
+            }
+            self.logprob_tokens += n_logprobs;
+            if !text.is_empty() {
+                self.content_chunks += 1;
+                if self.answer.len() + text.len() > MAX_ANSWER_BYTES {
+                    return Err(StreamIssue::Malformed(format!(
+                        "the answer exceeds {MAX_ANSWER_BYTES} bytes; lower max_tokens"
+                    )));
+                }
+                self.answer.push_str(text);
+                if let Some(rci) = rci.as_deref_mut() {
+                    rci.push_token(text);
+                }
+            }
+        }
+        Ok(if first { Event::FirstToken } else { Event::More })
+    }
+}
+
 /// Probes `target` with `canary` and measures latency, TLE and RCI.
 ///
 /// `reference` is the prepared reference answer; when `None`, the canary's own
@@ -631,62 +722,24 @@ pub async fn probe(
     let mut events = response.bytes_stream().eventsource();
 
     let mut first_token_at: Option<Instant> = None;
-    let mut first_top: Option<Vec<f64>> = None;
-    let mut answer = String::new();
-    let mut logprob_tokens = 0usize;
-    let mut content_chunks = 0usize;
-    let mut usage_tokens: Option<u64> = None;
-    let mut done = false;
+    let mut stream = StreamState::default();
     while let Some(event) = events.next().await {
         let event = event.map_err(|e| match e {
             EventStreamError::Transport(e) => transport_error(&url, target.timeout, e),
             other => CanaryError::Stream { url: url.clone(), reason: other.to_string() },
         })?;
-        let data = event.data.trim();
-        if data == "[DONE]" {
-            done = true;
-            break;
-        }
-        if data.is_empty() {
-            continue;
-        }
-        let chunk: Chunk = serde_json::from_str(data).map_err(|e| CanaryError::Stream {
-            url: url.clone(),
-            reason: format!("a data line is not a completion chunk ({e})"),
-        })?;
-        if let Some(error) = &chunk.error {
-            return Err(CanaryError::Server { url, message: server_message(error) });
-        }
-        if let Some(n) = chunk.usage.and_then(|u| u.completion_tokens) {
-            usage_tokens = Some(n);
-        }
-        for choice in chunk.choices.iter().filter(|c| c.index == 0) {
-            let text = choice.new_text().unwrap_or("");
-            let n_logprobs = choice.logprobs.as_ref().map_or(0, Logprobs::token_count);
-            if text.is_empty() && n_logprobs == 0 {
-                continue;
+        match stream.on_data(&event.data, rci.as_mut()) {
+            Ok(Event::Done) => break,
+            Ok(Event::FirstToken) => {
+                first_token_at.get_or_insert_with(Instant::now);
             }
-            first_token_at.get_or_insert_with(Instant::now);
-            if first_top.is_none() {
-                first_top = choice.logprobs.as_ref().and_then(Logprobs::first_top);
-            }
-            logprob_tokens += n_logprobs;
-            if !text.is_empty() {
-                content_chunks += 1;
-                if answer.len() + text.len() > MAX_ANSWER_BYTES {
-                    return Err(CanaryError::Stream {
-                        url,
-                        reason: format!("the answer exceeds {MAX_ANSWER_BYTES} bytes; lower max_tokens"),
-                    });
-                }
-                answer.push_str(text);
-                if let Some(rci) = rci.as_mut() {
-                    rci.push_token(text);
-                }
-            }
+            Ok(Event::More) => {}
+            Err(StreamIssue::Malformed(reason)) => return Err(CanaryError::Stream { url, reason }),
+            Err(StreamIssue::ServerError(message)) => return Err(CanaryError::Server { url, message }),
         }
     }
     let finished = Instant::now();
+    let StreamState { first_top, answer, logprob_tokens, content_chunks, usage_tokens, done, .. } = stream;
     if !done && first_token_at.is_none() {
         return Err(CanaryError::Stream {
             url,

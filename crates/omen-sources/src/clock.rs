@@ -16,7 +16,9 @@ pub fn parse_time(text: &str, now_ms: i64) -> Result<i64, String> {
     }
     if let Some(rel) = text.strip_prefix("now-") {
         let d = humantime::parse_duration(rel).map_err(|e| format!("{text:?}: {e}; write e.g. now-6h"))?;
-        return Ok(now_ms - d.as_millis() as i64);
+        return i64::try_from(d.as_millis()).ok().and_then(|back| now_ms.checked_sub(back)).ok_or_else(
+            || format!("{text:?} reaches back beyond any representable time; write e.g. now-30d"),
+        );
     }
     if let Ok(secs) = text.parse::<f64>() {
         if secs.is_finite() {
@@ -40,6 +42,7 @@ mod tests {
         assert_eq!(parse_time("1800000000", now), Ok(now));
         assert_eq!(parse_time("2027-01-15T08:00:00Z", now), Ok(now));
         assert!(parse_time("yesterday", now).unwrap_err().contains("RFC 3339"));
+        assert!(parse_time("now-100000000000y", now).unwrap_err().contains("beyond"));
         assert!(parse_time("now-6x", now).unwrap_err().contains("now-6h"));
     }
 }
