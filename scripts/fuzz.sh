@@ -36,6 +36,7 @@ failed=()
 for t in "${TARGETS[@]}"; do
     out="$FUZZ/out/$t"
     rm -rf "$out"
+    mkdir -p "$FUZZ/out"
     log "$t: ${SECONDS_PER_TARGET}s"
     cargo afl fuzz -V "$SECONDS_PER_TARGET" -m "${FUZZ_MEM_MB:-1024}" -t "${FUZZ_TIMEOUT_MS:-1000}" \
         -i "$FUZZ/corpus/$t" -o "$out" "$FUZZ/target/release/$t" >"$out.log" 2>&1 || {

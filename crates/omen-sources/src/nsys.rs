@@ -29,6 +29,16 @@ pub enum NsysError {
         /// The export's path.
         path: String,
     },
+    /// A memory event with values no nsys export holds.
+    #[error("{path}: memory event {row} {reason}; the export is damaged or not from nsys")]
+    BadEvent {
+        /// The export's path.
+        path: String,
+        /// The event's position in start order (from 1).
+        row: usize,
+        /// What is impossible about it.
+        reason: &'static str,
+    },
 }
 
 /// Reads the export and returns, per device and per `bucket_ms` of trace time
@@ -82,7 +92,7 @@ pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysErr
         devices.dedup();
         for &d in devices.iter() {
             let allocs = &live[&d];
-            let used: u64 = allocs.values().sum();
+            let used: u64 = allocs.values().fold(0u64, |a, &b| a.saturating_add(b));
             let mut gaps = Vec::new();
             let mut end: Option<u64> = None;
             for (&addr, &size) in allocs {
@@ -91,6 +101,7 @@ pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysErr
                         gaps.push(addr - e);
                     }
                 }
+                // Checked at insert: addr + size does not overflow.
                 end = Some(end.map_or(addr + size, |e| e.max(addr + size)));
             }
             let f = fragmentation_from_extents(gaps);
@@ -110,12 +121,18 @@ pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysErr
         }
         devices.clear();
     };
-    for row in rows {
+    for (i, row) in rows.enumerate() {
         let (start_ns, device, address, bytes, op) = row.map_err(sql_err)?;
-        let ts_ms = (base_ns + start_ns) / 1_000_000;
-        let b = ts_ms.div_euclid(bucket_ms) * bucket_ms;
+        let bad = |reason| NsysError::BadEvent { path: p.clone(), row: i + 1, reason };
+        let ts_ms =
+            base_ns.checked_add(start_ns).ok_or_else(|| bad("starts outside any representable time"))?
+                / 1_000_000;
+        if address < 0 || bytes < 0 || (address as u64).checked_add(bytes as u64).is_none() {
+            return Err(bad("has a negative address or size, or one past the end of the address space"));
+        }
+        let b = ts_ms.div_euclid(bucket_ms).saturating_mul(bucket_ms);
         if bucket.is_some_and(|cur| cur != b) {
-            flush(bucket.unwrap_or(b) + bucket_ms, &mut dirty, &live, &mut out);
+            flush(bucket.unwrap_or(b).saturating_add(bucket_ms), &mut dirty, &live, &mut out);
         }
         bucket = Some(b);
         let allocs = live.entry(device).or_default();
@@ -131,7 +148,7 @@ pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysErr
         dirty.push(device);
     }
     if let Some(b) = bucket {
-        flush(b + bucket_ms, &mut dirty, &live, &mut out);
+        flush(b.saturating_add(bucket_ms), &mut dirty, &live, &mut out);
     }
     Ok(out)
 }
@@ -159,6 +176,17 @@ mod tests {
             .unwrap();
         }
         f
+    }
+
+    #[test]
+    fn impossible_events_are_named_not_wrapped() {
+        // A negative address (read as u64 it would wrap the arena's end), then a start past i64 time.
+        let f = export(&[(0, 0, -4096, 100, 0)]);
+        let e = arena_samples(f.path(), 1000).unwrap_err().to_string();
+        assert!(e.contains("memory event 1") && e.contains("negative address"), "{e}");
+        let f = export(&[(i64::MAX, 0, 4096, 100, 0)]);
+        let e = arena_samples(f.path(), 1000).unwrap_err().to_string();
+        assert!(e.contains("representable time"), "{e}");
     }
 
     #[test]
