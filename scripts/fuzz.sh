@@ -31,6 +31,19 @@ cargo afl build --release --quiet
 log "replaying the committed corpora"
 ./target/release/replay "$FUZZ/corpus"
 
+# Keeps what a run found: the queue entries that added coverage (AFL names them +cov), up to
+# 4 KB each and 50 per target, so that the committed corpus stays small.
+keep_new_coverage() {
+    local t="$1" kept=0 f
+    for f in "$FUZZ/out/$t/default/queue/"*+cov*; do
+        [[ -f "$f" && $(stat -c %s "$f") -le 4096 ]] || continue
+        (( kept < 50 )) || break
+        cp "$f" "$FUZZ/corpus/$t/$(basename "$f" | tr ':,' '__')"
+        kept=$((kept + 1))
+    done
+    log "$t: kept $kept new inputs in fuzz/corpus/$t"
+}
+
 export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_QUIET=1
 failed=()
 for t in "${TARGETS[@]}"; do
@@ -51,11 +64,7 @@ for t in "${TARGETS[@]}"; do
         failed+=("$t")
         find "$out/default/crashes" "$out/default/hangs" -type f ! -name README.txt | head -n 5 >&2
     elif [[ "$MODE" == run ]]; then
-        # Keep what the run found: the queue, minimised to the inputs that add coverage.
-        mkdir -p "$out/min"
-        if cargo afl cmin -i "$out/default/queue" -o "$out/min" -- "$FUZZ/target/release/$t" >/dev/null 2>&1; then
-            cp -n "$out/min/"* "$FUZZ/corpus/$t/" 2>/dev/null || true
-        fi
+        keep_new_coverage "$t"
     fi
 done
 if (( ${#failed[@]} > 0 )); then
