@@ -109,6 +109,7 @@ lint: setup-rust setup-torch
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) build -p omen-cli --no-default-features
 	$(CARGO) clippy -p omen-agent -p omen-cli --no-default-features --all-targets -- -D warnings
+	cd fuzz && $(CARGO) fmt --check && $(CARGO) clippy --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

@@ -11,8 +11,11 @@ use futures_util::StreamExt as _;
 /// Agent clock for targets that need one (2026-11-02T10:00:00Z).
 const NOW_MS: i64 = 1_793_613_600_000;
 
+/// One fuzz target: arbitrary bytes in, nothing out (a panic is the failure).
+pub type Target = fn(&[u8]);
+
 /// Every target, by name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("ingest", ingest),
     ("prom_text", prom_text),
     ("slots", slots),
@@ -73,7 +76,8 @@ pub fn sse(data: &[u8]) {
         Ok(bytes::Bytes::copy_from_slice(b)),
     ];
     let mut rci = (flags & 1 == 1).then(|| {
-        let reference = Arc::new(omen_signals::BleuReference::new(&["The capital of France is Paris."]).unwrap());
+        let reference =
+            Arc::new(omen_signals::BleuReference::new(&["The capital of France is Paris."]).unwrap());
         omen_signals::StreamingRci::new(reference, omen_signals::RciWeights::default())
     });
     let mut state = omen_sources::canary::StreamState::default();

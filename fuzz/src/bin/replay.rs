@@ -1,7 +1,8 @@
 //! Runs every file of `corpus/<target>/` (or the folders given) through its target without
 //! AFL: a regression test over the committed corpora. Usage: `replay [corpus-root]`.
 fn main() {
-    let root = std::env::args().nth(1).unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/corpus").to_owned());
+    let root =
+        std::env::args().nth(1).unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/corpus").to_owned());
     let mut total = 0;
     for (name, target) in omen_fuzz::TARGETS {
         let dir = std::path::Path::new(&root).join(name);
