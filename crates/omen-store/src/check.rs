@@ -2,6 +2,7 @@
 //! anything is written to it: not SQLite at all, cut short, damaged, or another
 //! program's database. [`Store::open_or_move_aside`] can move such a file aside.
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
@@ -50,9 +51,12 @@ pub enum BadStoreFile {
 /// The 100-byte header's checks: magic string and, where the header's page count is valid,
 /// a file at least that long. A missing or empty file is fine (a new store).
 pub(crate) fn check_header(path: &Path) -> Result<(), BadStoreFile> {
-    let Ok(bytes) = std::fs::read(path).map(|b| b.into_iter().take(100).collect::<Vec<u8>>()) else {
+    // Only the header is read: a store may be gigabytes.
+    let mut bytes = Vec::with_capacity(100);
+    let read = std::fs::File::open(path).and_then(|f| f.take(100).read_to_end(&mut bytes));
+    if read.is_err() {
         return Ok(());
-    };
+    }
     if bytes.is_empty() {
         return Ok(());
     }
@@ -77,33 +81,29 @@ pub(crate) fn check_header(path: &Path) -> Result<(), BadStoreFile> {
     Ok(())
 }
 
-/// Omen's tables or none: any other table set is another program's database.
-pub(crate) fn check_tables(conn: &Connection, path: &Path) -> Result<(), BadStoreFile> {
+/// Omen's tables or none: any other table set is another program's database. An SQLite
+/// error reading the catalogue is passed on for [`Store::open`] to judge.
+pub(crate) fn check_tables(conn: &Connection, path: &Path) -> anyhow::Result<()> {
     let tables: Vec<String> = conn
         .prepare(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
-        )
-        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-        .map_err(|e| classify(e, path))?;
+        )?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
     if tables.is_empty() || tables.iter().any(|t| t == "meta") {
         return Ok(());
     }
-    Err(BadStoreFile::Foreign { path: path.to_owned(), tables: tables.join(", ") })
+    Err(BadStoreFile::Foreign { path: path.to_owned(), tables: tables.join(", ") }.into())
 }
 
-/// An SQLite error met while opening, as the [`BadStoreFile`] it points to.
-pub(crate) fn classify(e: rusqlite::Error, path: &Path) -> BadStoreFile {
-    classify_ref(&e, path)
-}
-
-/// As [`classify`], by reference.
-pub(crate) fn classify_ref(e: &rusqlite::Error, path: &Path) -> BadStoreFile {
-    let detail = e.to_string();
-    match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::NotADatabase) => {
-            BadStoreFile::NotADatabase { path: path.to_owned(), detail }
-        }
-        _ => BadStoreFile::Corrupt { path: path.to_owned(), detail },
+/// An SQLite error that says the file is damaged or not a database, as the [`BadStoreFile`]
+/// it points to; None for any other error (a lock, a full disk, permissions).
+pub(crate) fn classify(e: &rusqlite::Error, path: &Path) -> Option<BadStoreFile> {
+    let (path, detail) = (path.to_owned(), e.to_string());
+    match e.sqlite_error_code()? {
+        rusqlite::ErrorCode::NotADatabase => Some(BadStoreFile::NotADatabase { path, detail }),
+        rusqlite::ErrorCode::DatabaseCorrupt => Some(BadStoreFile::Corrupt { path, detail }),
+        _ => None,
     }
 }
 

@@ -94,14 +94,12 @@ impl Store {
             if bad_file(&e).is_some() {
                 return e;
             }
-            let damaged = e.chain().find_map(|c| c.downcast_ref::<rusqlite::Error>()).filter(|sqlite| {
-                matches!(
-                    sqlite.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
-                )
-            });
+            let damaged = e
+                .chain()
+                .filter_map(|c| c.downcast_ref::<rusqlite::Error>())
+                .find_map(|sqlite| check::classify(sqlite, path));
             match damaged {
-                Some(sqlite) => anyhow::Error::new(check::classify_ref(sqlite, path)),
+                Some(bad) => anyhow::Error::new(bad),
                 None => e,
             }
         })
