@@ -177,7 +177,7 @@ pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Samp
         let state = layer_state(&map, &path)?;
         let mut labels = common.clone();
         labels.insert("layer".to_owned(), layer.layer.to_string());
-        push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage);
+        push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage());
         if let Some(f) = state.fragmentation {
             push(catalogue::KVF_RATIO.name, &labels, f.kvf_ratio);
         }
@@ -219,7 +219,7 @@ pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Samp
             check_label_value(&path("attention"), attention)?;
             labels.insert("attention".to_owned(), attention.clone());
         }
-        push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage);
+        push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage());
         if let Some(f) = state.fragmentation {
             push(catalogue::KVF_RATIO.name, &labels, f.kvf_ratio);
         }
@@ -276,12 +276,18 @@ struct BlockMap<'a> {
     free_extents: Option<&'a [u64]>,
 }
 
-/// What a block map says: blocks in all and in use, usage, and fragmentation when the map has it.
+/// What a block map says: blocks in all and in use, and fragmentation when the map has it.
 struct PoolState {
     total: u64,
     used: u64,
-    usage: f64,
     fragmentation: Option<Fragmentation>,
+}
+
+impl PoolState {
+    /// Share of the blocks in use.
+    fn usage(&self) -> f64 {
+        self.used as f64 / self.total as f64
+    }
 }
 
 fn layer_state(layer: &BlockMap, path: &dyn Fn(&str) -> String) -> Result<PoolState, IngestError> {
@@ -324,7 +330,7 @@ fn layer_state(layer: &BlockMap, path: &dyn Fn(&str) -> String) -> Result<PoolSt
                 .map_err(|e| reject(path("bitmap_b64"), e.to_string()))?;
             let total = blocks as u64;
             let used = total - f.total_free;
-            Ok(PoolState { total, used, usage: used as f64 / total as f64, fragmentation: Some(f) })
+            Ok(PoolState { total, used, fragmentation: Some(f) })
         }
         (None, Some(extents)) => {
             let total = layer
@@ -338,7 +344,7 @@ fn layer_state(layer: &BlockMap, path: &dyn Fn(&str) -> String) -> Result<PoolSt
                 ));
             }
             let used = total - f.total_free;
-            Ok(PoolState { total, used, usage: used as f64 / total as f64, fragmentation: Some(f) })
+            Ok(PoolState { total, used, fragmentation: Some(f) })
         }
         (None, None) => {
             let total = layer.total_blocks.ok_or_else(|| {
@@ -356,7 +362,7 @@ fn layer_state(layer: &BlockMap, path: &dyn Fn(&str) -> String) -> Result<PoolSt
                     format!("{used} used of {total} total is impossible"),
                 ));
             }
-            Ok(PoolState { total, used, usage: used as f64 / total as f64, fragmentation: None })
+            Ok(PoolState { total, used, fragmentation: None })
         }
     }
 }
@@ -465,9 +471,7 @@ pub fn generic_samples(payload: &SamplesPayload, now_ms: i64) -> Result<Vec<Samp
             }
             for (k, v) in &s.labels {
                 check_name(&format!("samples[{i}].labels"), k)?;
-                if v.len() > 128 {
-                    return Err(reject(format!("samples[{i}].labels.{k}"), "is longer than 128 bytes"));
-                }
+                check_label_value(&format!("samples[{i}].labels.{k}"), v)?;
             }
             if !s.value.is_finite() {
                 return Err(reject(format!("samples[{i}].value"), "must be a finite number"));

@@ -472,12 +472,15 @@ impl Scraper {
     }
 
     async fn fetch(&self, client: &reqwest::Client, url: &str) -> Result<String, ScrapeError> {
-        let url = &url.to_owned();
         let transport = |e: reqwest::Error| {
             if e.is_timeout() {
-                ScrapeError::Timeout { url: url.clone(), timeout: self.timeout }
+                ScrapeError::Timeout { url: url.to_owned(), timeout: self.timeout }
             } else {
-                ScrapeError::Request { url: url.clone(), detail: crate::canary::error_chain(&e), source: e }
+                ScrapeError::Request {
+                    url: url.to_owned(),
+                    detail: crate::canary::error_chain(&e),
+                    source: e,
+                }
             }
         };
         let response = client
@@ -495,22 +498,22 @@ impl Scraper {
                 501 => "llama.cpp answers 501 when started without --metrics",
                 _ => "see the server's log",
             };
-            return Err(ScrapeError::Status { url: url.clone(), status: status.as_u16(), hint });
+            return Err(ScrapeError::Status { url: url.to_owned(), status: status.as_u16(), hint });
         }
         if response.content_length().is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-            return Err(ScrapeError::TooLarge { url: url.clone() });
+            return Err(ScrapeError::TooLarge { url: url.to_owned() });
         }
         let mut body = Vec::new();
         let mut chunks = response.bytes_stream();
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk.map_err(transport)?;
             if body.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(ScrapeError::TooLarge { url: url.clone() });
+                return Err(ScrapeError::TooLarge { url: url.to_owned() });
             }
             body.extend_from_slice(&chunk);
         }
         String::from_utf8(body)
-            .map_err(|e| ScrapeError::Parse { url: url.clone(), reason: format!("not UTF-8 ({e})") })
+            .map_err(|e| ScrapeError::Parse { url: url.to_owned(), reason: format!("not UTF-8 ({e})") })
     }
 
     /// Parses one exposition text and maps the known metrics into samples at `ts_ms`,
