@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+mod common;
+
 /// The namespace's shell and the agent in it; the whole process group is killed on drop.
 struct Agent(Child);
 
@@ -42,7 +44,7 @@ fn a_full_disk_turns_pushes_into_503_and_the_agent_recovers_by_itself() {
     let ctrl = dir.path().join("ctrl");
     std::fs::create_dir_all(&mnt).unwrap();
     std::fs::create_dir_all(&ctrl).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let config = dir.path().join("omen.yaml");
     std::fs::write(
         &config,
@@ -83,12 +85,8 @@ wait $agent
     let _agent = Agent(child);
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !client.get(format!("{base}/readyz")).send().is_ok_and(|r| r.status().is_success()) {
-        let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
-        assert!(Instant::now() < deadline, "the agent did not become ready; log:\n{log}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let waiting = format!("the agent to become ready (log: {})", dir.path().join("agent.log").display());
+    common::wait_until(&waiting, 30, || common::agent_ready(&base));
     let push = |body: &Value| {
         let r = client.post(format!("{base}/v1/ingest/samples")).json(body).send().unwrap();
         (r.status().as_u16(), r.text().unwrap())

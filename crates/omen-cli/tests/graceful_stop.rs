@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+mod common;
+
 #[test]
 fn sigterm_during_a_push_flood_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     // An upstream that accepts and never answers: the canary probe hangs on it.
     let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let stalled_port = stalled.local_addr().unwrap().port();
@@ -43,11 +45,7 @@ fn sigterm_during_a_push_flood_loses_nothing_acknowledged() {
         .spawn()
         .expect("start omen run");
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !reqwest::blocking::get(format!("{base}/readyz")).is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "the agent did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until("the agent to become ready", 30, || common::agent_ready(&base));
 
     // Four pushers, each on its own signal, counting what was acknowledged.
     let stop = Arc::new(AtomicBool::new(false));

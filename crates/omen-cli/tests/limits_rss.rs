@@ -3,9 +3,11 @@
 //! cap and its config key, are counted, and cost no memory; existing series keep working.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
+
+mod common;
 
 struct Agent(Child);
 
@@ -32,7 +34,7 @@ fn batch(signal: &str, ids: std::ops::Range<usize>) -> Value {
 #[test]
 fn a_flood_of_label_sets_is_capped_counted_and_costs_no_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let config = dir.path().join("omen.yaml");
     std::fs::write(
         &config,
@@ -52,11 +54,7 @@ fn a_flood_of_label_sets_is_capped_counted_and_costs_no_memory() {
     let pid = agent.0.id();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !client.get(format!("{base}/readyz")).send().is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "the agent did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until("the agent to become ready", 30, || common::agent_ready(&base));
     let push = |body: &Value| {
         let r = client.post(format!("{base}/v1/ingest/samples")).json(body).send().unwrap();
         let status = r.status().as_u16();

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 #[path = "../../omen-agent/tests/support/mod.rs"]
 mod support;
 
@@ -23,14 +25,6 @@ fn source_up(base: &str) -> (Option<f64>, Option<f64>) {
             .and_then(|v| v.parse().ok())
     };
     (read("canary"), read("server_metrics"))
-}
-
-fn wait_until(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -69,12 +63,12 @@ fn broken_server(port: u16, cut: Arc<AtomicBool>) {
 #[test]
 fn sources_ride_out_a_stalled_a_dead_and_a_broken_server() {
     let (server, port) = support::start_llama_server(&["--metrics"]);
-    wait_until("llama-server to be healthy", 120, || {
+    common::wait_until("llama-server to be healthy", 120, || {
         reqwest::blocking::get(format!("http://127.0.0.1:{port}/health"))
             .is_ok_and(|r| r.status().is_success())
     });
     let dir = tempfile::tempdir().unwrap();
-    let agent_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let agent_port = common::free_port();
     let config = dir.path().join("omen.yaml");
     std::fs::write(
         &config,
@@ -97,12 +91,16 @@ fn sources_ride_out_a_stalled_a_dead_and_a_broken_server() {
     let base = format!("http://127.0.0.1:{agent_port}");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
 
-    wait_until("both sources up on the healthy server", 60, || source_up(&base) == (Some(1.0), Some(1.0)));
+    common::wait_until("both sources up on the healthy server", 60, || {
+        source_up(&base) == (Some(1.0), Some(1.0))
+    });
 
     // Stalled: every probe and scrape runs into its timeout.
     signal(server.pid(), "-STOP");
     let stalled = Instant::now();
-    wait_until("both sources down on the stalled server", 10, || source_up(&base) == (Some(0.0), Some(0.0)));
+    common::wait_until("both sources down on the stalled server", 10, || {
+        source_up(&base) == (Some(0.0), Some(0.0))
+    });
     assert!(
         stalled.elapsed() < Duration::from_secs(6),
         "a 2 s canary timeout bounds the probe: {:?}",
@@ -116,13 +114,15 @@ fn sources_ride_out_a_stalled_a_dead_and_a_broken_server() {
     }
     std::thread::sleep(Duration::from_secs(4));
     signal(server.pid(), "-CONT");
-    wait_until("both sources back after SIGCONT", 30, || source_up(&base) == (Some(1.0), Some(1.0)));
+    common::wait_until("both sources back after SIGCONT", 30, || source_up(&base) == (Some(1.0), Some(1.0)));
 
     // Gone, then garbage on its port, then a stream cut after its first chunk.
     drop(server);
     let cut = Arc::new(AtomicBool::new(false));
     broken_server(port, cut.clone());
-    wait_until("both sources down on the garbage server", 15, || source_up(&base) == (Some(0.0), Some(0.0)));
+    common::wait_until("both sources down on the garbage server", 15, || {
+        source_up(&base) == (Some(0.0), Some(0.0))
+    });
     std::thread::sleep(Duration::from_secs(2));
     cut.store(true, Ordering::Relaxed);
     std::thread::sleep(Duration::from_secs(3));

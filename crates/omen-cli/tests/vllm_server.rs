@@ -17,16 +17,14 @@ use omen_sources::canary::{probe, Canary, CanaryTarget};
 use omen_sources::scrape::{mapped_names, NameStatus, Scraper, ServerKind};
 use serde_json::{json, Value};
 
+mod common;
+
 const MODEL: &str = "smollm2";
 /// SmolLM2's vocabulary (vLLM's /v1/models does not report one).
 const SMOLLM2_VOCAB: usize = 49_152;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// vLLM started by scripts/vllm-server.sh; stopped (by its own PID) when dropped. When the
@@ -38,7 +36,7 @@ struct Vllm {
 
 impl Vllm {
     fn start(env: &[(&str, String)]) -> Self {
-        let port = free_port();
+        let port = common::free_port();
         let state = repo().join(".vllm");
         let out = Command::new("bash")
             .arg(repo().join("scripts/vllm-server.sh"))
@@ -149,7 +147,7 @@ fn workflow(requests: u64) -> String {
 async fn omen_beside_a_real_vllm() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let agent_port = free_port();
+    let agent_port = common::free_port();
     let agent_url = format!("http://127.0.0.1:{agent_port}");
     let stats_path = dir.path().join("plugin-stats.json");
 
