@@ -145,6 +145,9 @@ fn insert_batch(
             batch_newest_minute = batch_newest_minute.max(bucket);
             let m = minutes.slot(id);
             undo.push((id, *m));
+            if raw {
+                m.note_raw_row(s.ts_ms);
+            }
             let mut log_it = |logged: &mut Vec<u8>| {
                 if !raw {
                     log_entry(logged, id, s.ts_ms, s.value);
@@ -161,6 +164,8 @@ fn insert_batch(
                     if let Some((o, fold)) = open.take() {
                         upsert_minute(&mut upsert, id, o, &fold)?;
                         m.newest_row = Some(o);
+                        // A field, not note_minute_row: `open` still borrows m.open.
+                        m.oldest_minute_row = Some(m.oldest_minute_row.map_or(o, |t| t.min(o)));
                     }
                     m.open = Some((bucket, MinuteFold::new(s.value)));
                     log_it(&mut logged);
@@ -170,6 +175,7 @@ fn insert_batch(
                         .and_modify(|a| a.add(s.value))
                         .or_insert_with(|| MinuteFold::new(s.value));
                     m.newest_row = Some(m.newest_row.map_or(bucket, |r| r.max(bucket)));
+                    m.note_minute_row(bucket);
                 }
             }
         }

@@ -10,9 +10,10 @@
 //! One `Store` at a time per database file: a second one would hold the same open minutes.
 //!
 //! Modules: `schema` (tables, connections, meta rows), `minutes` (minute folding, the
-//! minute log and crash recovery), `insert` (batches), `query` (readers and queries),
-//! `retention` (day roll-up and deletion).
+//! minute log and crash recovery), `insert` (batches), `blocks` (sealed history in
+//! compressed blocks), `query` (readers and queries), `retention` (day roll-up and deletion).
 
+mod blocks;
 mod check;
 mod insert;
 mod minutes;
@@ -33,10 +34,12 @@ use rusqlite::Connection;
 use minutes::{flush_open_minutes, read_minute_log, recover_minutes, MinuteTable};
 use query::{Catalog, PooledReader, ReaderPool};
 
+pub use blocks::Compaction;
 pub use check::{bad_file, BadStoreFile};
 /// One day in milliseconds (re-exported so that users of the store need not name omen-signals).
 pub use omen_signals::DAY_MS;
 pub use query::{DayAggregate, RangeSeries, Resolution};
+pub use retention::RollUp;
 
 /// A write error as a user reads it: a full disk (or a store past its size) names the file
 /// and what to do; anything else is the error's chain.
@@ -132,7 +135,7 @@ impl Store {
                 *minutes.slot(id) = recover_minutes(&conn, id, log.get(&id).map_or(&[], |v| v.as_slice()))?;
             }
         }
-        let latest: Option<i64> = conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+        let latest = blocks::newest_raw_ts(&conn)?;
         let readers = ReaderPool::open(path)?;
         Ok(Self {
             path: path.to_owned(),

@@ -24,9 +24,9 @@ use crate::Writer;
 pub(crate) struct MinuteFold {
     pub(crate) count: i64,
     pub(crate) sum: f64,
-    min: f64,
-    max: f64,
-    last: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) last: f64,
 }
 
 impl MinuteFold {
@@ -43,6 +43,15 @@ impl MinuteFold {
         self.max = self.max.max(value);
         self.last = value;
     }
+
+    /// Folds in a later fold of the same minute (its samples came after this one's).
+    pub(crate) fn merge(&mut self, later: &MinuteFold) {
+        self.count += later.count;
+        self.sum += later.sum;
+        self.min = self.min.min(later.min);
+        self.max = self.max.max(later.max);
+        self.last = later.last;
+    }
 }
 
 /// The minute-aggregate state of one series.
@@ -52,6 +61,22 @@ pub(crate) struct SeriesMinutes {
     pub(crate) open: Option<(i64, MinuteFold)>,
     /// The newest minute that may have a row in minute_agg; `open` is always newer.
     pub(crate) newest_row: Option<i64>,
+    /// The oldest raw row (`samples`) and minute row (`minute_agg`) not yet in a block,
+    /// at most as new as the real one: compaction finds its work here without a scan.
+    pub(crate) oldest_raw_row: Option<i64>,
+    pub(crate) oldest_minute_row: Option<i64>,
+}
+
+impl SeriesMinutes {
+    /// Records a raw row written at `ts_ms` (for compaction).
+    pub(crate) fn note_raw_row(&mut self, ts_ms: i64) {
+        self.oldest_raw_row = Some(self.oldest_raw_row.map_or(ts_ms, |t| t.min(ts_ms)));
+    }
+
+    /// Records a minute row written for `minute` (for compaction).
+    pub(crate) fn note_minute_row(&mut self, minute: i64) {
+        self.oldest_minute_row = Some(self.oldest_minute_row.map_or(minute, |t| t.min(minute)));
+    }
 }
 
 /// The minute state of every series, indexed by series id: ids are SQLite rowids handed
@@ -152,7 +177,13 @@ pub(crate) fn recover_minutes(conn: &Connection, id: i64, logged: &[(i64, f64)])
         .prepare_cached("SELECT MAX(ts_ms) FROM samples WHERE series_id = ?1")?
         .query_row([id], |r| r.get(0))?;
     let newest_logged = logged.iter().map(|e| e.0).max();
-    let mut state = SeriesMinutes { open: None, newest_row };
+    let oldest_raw_row: Option<i64> = conn
+        .prepare_cached("SELECT MIN(ts_ms) FROM samples WHERE series_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    let oldest_minute_row: Option<i64> = conn
+        .prepare_cached("SELECT MIN(minute_ms) FROM minute_agg WHERE series_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    let mut state = SeriesMinutes { open: None, newest_row, oldest_raw_row, oldest_minute_row };
     let Some(minute) = newest_raw.max(newest_logged).map(minute_of) else { return Ok(state) };
     if newest_row.is_some_and(|r| r >= minute) {
         return Ok(state);
@@ -222,6 +253,7 @@ fn write_open_minutes(w: &mut Writer, before: i64) -> Result<usize> {
         let m = w.minutes.slot(id);
         if let Some((minute, _)) = m.open.take() {
             m.newest_row = Some(minute);
+            m.note_minute_row(minute);
         }
     }
     Ok(closed.len())

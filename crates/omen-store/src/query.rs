@@ -10,6 +10,7 @@ use anyhow::Result;
 use omen_sources::SeriesKey;
 use rusqlite::{params, Connection};
 
+use crate::blocks::{minutes_from_blocks, oldest_raw_ts, raw_from_blocks};
 use crate::minutes::MinuteFold;
 use crate::schema::open_connection;
 use crate::Store;
@@ -107,6 +108,42 @@ impl ReaderPool {
 
 /// Reader connections (WAL readers never wait for the writer).
 const READERS: usize = 4;
+
+/// Adds (sum, count) to bucket `b` of `buckets`, whose buckets come in nondecreasing order.
+fn add_in_order(buckets: &mut Vec<(i64, f64, i64)>, b: i64, sum: f64, count: i64) {
+    match buckets.last_mut() {
+        Some(last) if last.0 == b => {
+            last.1 += sum;
+            last.2 += count;
+        }
+        _ => buckets.push((b, sum, count)),
+    }
+}
+
+/// Two bucket lists in bucket order, merged: the sums and counts of a bucket in both add.
+fn merge_buckets(a: Vec<(i64, f64, i64)>, b: Vec<(i64, f64, i64)>) -> Vec<(i64, f64, i64)> {
+    if a.is_empty() {
+        return b;
+    }
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.0 == y.0 => {
+                let (x, y) = (a.next().expect("peeked"), b.next().expect("peeked"));
+                (x.0, x.1 + y.1, x.2 + y.2)
+            }
+            (Some(x), Some(y)) if x.0 < y.0 => a.next().expect("peeked"),
+            (Some(_), Some(_)) | (None, Some(_)) => b.next().expect("peeked"),
+            (Some(_), None) => a.next().expect("peeked"),
+            (None, None) => return out,
+        };
+        out.push(next);
+    }
+}
 
 /// Every stored series of each signal, (id, labels) in id order, for range queries.
 pub(crate) type Catalog = HashMap<String, Vec<(i64, BTreeMap<String, String>)>>;
@@ -226,11 +263,24 @@ impl Store {
         let mut stmt = tx.prepare_cached(sql)?;
         let mut out = Vec::new();
         for (id, labels) in selected {
-            let mut buckets: Vec<(i64, f64, i64)> = stmt
+            // Sealed history first (blocks), then the rows of the same buckets.
+            let mut sealed: Vec<(i64, f64, i64)> = Vec::new();
+            let bucket = |ts: i64| (ts - since_ms) / step_ms;
+            match resolution {
+                Resolution::Raw => raw_from_blocks(&tx, id, since_ms, until_ms, |ts, v| {
+                    add_in_order(&mut sealed, bucket(ts), v, 1)
+                })?,
+                Resolution::Minute => minutes_from_blocks(&tx, id, since_ms, until_ms, |minute, f| {
+                    add_in_order(&mut sealed, bucket(minute), f.sum, f.count)
+                })?,
+                Resolution::Day => {}
+            }
+            let rows: Vec<(i64, f64, i64)> = stmt
                 .query_map(params![id, since_ms, until_ms, step_ms], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?
                 .collect::<rusqlite::Result<_>>()?;
+            let mut buckets = merge_buckets(sealed, rows);
             if let Some((minute, fold)) = open.get(&id) {
                 let bucket = (minute - since_ms) / step_ms;
                 match buckets.binary_search_by_key(&bucket, |b| b.0) {
@@ -253,15 +303,20 @@ impl Store {
         Ok(out)
     }
 
-    /// Number of raw samples stored.
+    /// Number of raw samples stored (rows and blocks).
     pub fn raw_sample_count(&self) -> Result<i64> {
-        Ok(self.reader().query_row("SELECT COUNT(*) FROM samples", [], |r| r.get(0))?)
+        Ok(self.reader().query_row(
+            "SELECT (SELECT COUNT(*) FROM samples) + (SELECT COALESCE(SUM(count), 0) FROM sample_blocks)",
+            [],
+            |r| r.get(0),
+        )?)
     }
 
-    /// Raw samples stored for `signal`.
+    /// Raw samples stored for `signal` (rows and blocks).
     pub fn count(&self, signal: &str) -> Result<i64> {
         Ok(self.reader().query_row(
-            "SELECT COUNT(*) FROM samples x JOIN series s ON s.id = x.series_id WHERE s.signal = ?1",
+            "SELECT (SELECT COUNT(*) FROM samples x JOIN series s ON s.id = x.series_id WHERE s.signal = ?1)
+                  + (SELECT COALESCE(SUM(b.count), 0) FROM sample_blocks b JOIN series s ON s.id = b.series_id WHERE s.signal = ?1)",
             [signal],
             |r| r.get(0),
         )?)
@@ -269,7 +324,7 @@ impl Store {
 
     /// Earliest raw timestamp stored, if any.
     pub fn earliest_ts(&self) -> Result<Option<i64>> {
-        Ok(self.reader().query_row("SELECT MIN(ts_ms) FROM samples", [], |r| r.get(0))?)
+        oldest_raw_ts(&self.reader())
     }
 
     /// Names of the signals that have series in the store, sorted.

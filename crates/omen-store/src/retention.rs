@@ -1,45 +1,76 @@
 //! Keeping the history bounded: day aggregates rolled up from raw samples (they outlive
 //! the raw ones for the forecasts), and deletion of what is past its retention.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 use omen_signals::{quantile_linear, DAY_MS};
 use rusqlite::params;
 
+use crate::blocks::{newest_raw_ts, raw_from_blocks, MINUTE_BLOCK_MS, RAW_BLOCK_MS};
 use crate::Store;
+
+/// What one [`Store::roll_up_day`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RollUp {
+    /// Day aggregates written.
+    pub written: usize,
+    /// Series looked at (those without samples that day write nothing).
+    pub visited: usize,
+    /// The series id to continue from, or None when the day is complete.
+    pub next_id: Option<i64>,
+}
 
 impl Store {
     /// Computes day aggregates for every complete UTC day in [from_day_ms, until_day_ms) from raw samples.
     pub fn roll_up_days(&self, from_day_ms: i64, until_day_ms: i64) -> Result<usize> {
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = w.conn.transaction()?;
         let mut written = 0;
         let mut day = from_day_ms.div_euclid(DAY_MS) * DAY_MS;
         while day < until_day_ms {
-            let mut by_series: HashMap<i64, Vec<f64>> = HashMap::new();
-            {
-                let mut stmt = tx.prepare_cached(
-                    "SELECT series_id, value FROM samples WHERE ts_ms >= ?1 AND ts_ms < ?2",
-                )?;
-                let rows = stmt.query_map(params![day, day + DAY_MS], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))
-                })?;
-                for row in rows {
-                    let (id, v) = row?;
-                    by_series.entry(id).or_default().push(v);
-                }
-            }
+            written += self.roll_up_day(day, 0, usize::MAX)?.written;
+            day += DAY_MS;
+        }
+        Ok(written)
+    }
+
+    /// Computes the day aggregates of the UTC day starting at `day_ms` from raw samples (rows
+    /// and blocks) for the series with ids from `from_id` on, at most `max_series` of them in
+    /// one transaction, so that a caller can spread a day of many series over several ticks.
+    pub fn roll_up_day(&self, day_ms: i64, from_id: i64, max_series: usize) -> Result<RollUp> {
+        let mut ids: Vec<i64> = {
+            let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
+            catalog.values().flatten().map(|(id, _)| *id).filter(|&id| id >= from_id).collect()
+        };
+        ids.sort_unstable();
+        let next_id = ids.get(max_series).copied();
+        ids.truncate(max_series);
+        let visited = ids.len();
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = w.conn.transaction()?;
+        let mut written = 0;
+        {
+            let mut rows = tx.prepare_cached(
+                "SELECT value FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3",
+            )?;
             let mut upsert = tx.prepare_cached(
                 "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?;
-            for (id, mut values) in by_series {
+            let mut values: Vec<f64> = Vec::new();
+            for id in ids {
+                values.clear();
+                raw_from_blocks(&tx, id, day_ms, day_ms + DAY_MS, |_, v| values.push(v))?;
+                let mut q = rows.query(params![id, day_ms, day_ms + DAY_MS])?;
+                while let Some(r) = q.next()? {
+                    values.push(r.get(0)?);
+                }
+                if values.is_empty() {
+                    continue;
+                }
                 values.sort_by(f64::total_cmp);
                 let sum: f64 = values.iter().sum();
                 upsert.execute(params![
                     id,
-                    day,
+                    day_ms,
                     values.len() as i64,
                     sum,
                     values[0],
@@ -50,11 +81,10 @@ impl Store {
                 ])?;
                 written += 1;
             }
-            day += DAY_MS;
         }
         tx.commit()?;
         self.changed();
-        Ok(written)
+        Ok(RollUp { written, visited, next_id })
     }
 
     /// Deletes raw samples, minute and day aggregates older than their retention, relative to `now_ms`.
@@ -68,8 +98,20 @@ impl Store {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let raw_cutoff = now_ms - raw_days as i64 * DAY_MS;
         let mut n = w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [raw_cutoff])?;
+        // A block goes once all of its span is past the cutoff.
+        n += w.conn.execute(
+            "DELETE FROM sample_blocks WHERE start_ms <= ?1",
+            [raw_cutoff.saturating_sub(RAW_BLOCK_MS)],
+        )?;
         let minute_cutoff = now_ms - minute_days as i64 * DAY_MS;
-        n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
+        // minute_agg has no index by time: scan it only when a row can be past the cutoff.
+        if w.minutes.iter().any(|(_, m)| m.oldest_minute_row.is_some_and(|t| t < minute_cutoff)) {
+            n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
+        }
+        n += w.conn.execute(
+            "DELETE FROM minute_blocks WHERE start_ms <= ?1",
+            [minute_cutoff.saturating_sub(MINUTE_BLOCK_MS)],
+        )?;
         // Logged samples of minutes past retention would only rebuild them after a crash.
         w.conn.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [minute_cutoff])?;
         // An open minute past retention goes too (it would be written only to be deleted).
@@ -84,8 +126,7 @@ impl Store {
             // Retention deletes the oldest rows: the newest stored time can only have gone
             // when it was itself past the raw cutoff.
             if self.latest_stored_ts.load(Ordering::Relaxed) < raw_cutoff {
-                let latest: Option<i64> =
-                    w.conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+                let latest = newest_raw_ts(&w.conn)?;
                 self.latest_stored_ts.store(latest.unwrap_or(i64::MIN), Ordering::Relaxed);
             }
             self.changed();

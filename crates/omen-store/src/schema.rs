@@ -9,8 +9,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::Store;
 
-/// Version of [`SCHEMA`], kept in `meta`: a file of another version is refused rather than misread.
-const SCHEMA_VERSION: i64 = 1;
+/// Version of [`SCHEMA`], kept in `meta`: a file of a newer version is refused rather than
+/// misread; an older one is migrated ([`create_or_check`]). 2 added the block tables.
+const SCHEMA_VERSION: i64 = 2;
 
 /// Every table, created if missing; `IF NOT EXISTS` makes opening an existing store a no-op.
 const SCHEMA: &str = "
@@ -35,6 +36,16 @@ CREATE TABLE IF NOT EXISTS day_agg (
     p50 REAL NOT NULL, p95 REAL NOT NULL, p99 REAL NOT NULL,
     PRIMARY KEY (series_id, day_ms)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sample_blocks (
+    series_id INTEGER NOT NULL, start_ms INTEGER NOT NULL, count INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (series_id, start_ms)
+);
+CREATE INDEX IF NOT EXISTS sample_blocks_by_start ON sample_blocks (start_ms);
+CREATE TABLE IF NOT EXISTS minute_blocks (
+    series_id INTEGER NOT NULL, start_ms INTEGER NOT NULL, count INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (series_id, start_ms)
+);
+CREATE INDEX IF NOT EXISTS minute_blocks_by_start ON minute_blocks (start_ms);
 CREATE TABLE IF NOT EXISTS canary_reference (canary TEXT PRIMARY KEY, reference TEXT NOT NULL, captured_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS minute_log (minute_ms INTEGER NOT NULL, entries BLOB NOT NULL);
 ";
@@ -59,6 +70,11 @@ pub(crate) fn create_or_check(conn: &Connection, path: &Path) -> Result<()> {
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
         }
         Some(v) if v == SCHEMA_VERSION.to_string() => {}
+        // Version 1 lacked only the block tables, which SCHEMA has just created: its rows
+        // are read as they are and compacted into blocks as the agent runs.
+        Some(v) if v == "1" => {
+            conn.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", [SCHEMA_VERSION.to_string()])?;
+        }
         Some(v) => anyhow::bail!(
             "store {} has schema version {v}; this omen uses {SCHEMA_VERSION}; point store.path at a new file or upgrade omen",
             path.display()

@@ -48,6 +48,8 @@ pub struct Engine {
     last_tick_ms: Option<i64>,
     last_retention_ms: i64,
     rolled_until_day_ms: Option<i64>,
+    /// A day roll-up in progress: (day, next series id) (rollup.rs).
+    roll_up_cursor: Option<(i64, i64)>,
     summary: Arc<RwLock<Option<HealthSummary>>>,
     health_level: Level,
     /// Early warning per SLO at the last tick, for its transitions.
@@ -83,6 +85,7 @@ impl Engine {
             last_tick_ms: None,
             last_retention_ms: 0,
             rolled_until_day_ms,
+            roll_up_cursor: None,
             explanation: None,
             explained_at_ms: None,
             summary: Arc::new(RwLock::new(None)),
@@ -181,6 +184,7 @@ impl Engine {
         self.publish_forecasts(now_ms, &forecasts, &mut out);
         self.track_level(now_ms, level, &contributors, &forecasts);
         self.store.insert(&out)?;
+        self.compact(now_ms)?;
         self.apply_retention(now_ms)?;
         self.evict_idle(now_ms);
         self.refresh_explanation(now_ms)?;

@@ -1,6 +1,8 @@
-//! Day roll-ups and retention: each tick completes the day aggregates of the days that
-//! ended since the last one (persisted, so a restart resumes where it left off), and at
-//! most hourly drops what is older than each tier's retention.
+//! Day roll-ups, compaction and retention. Each tick continues the day aggregates of the
+//! days that ended since the last one (persisted, so a restart resumes where it left off)
+//! and moves sealed rows into compressed blocks, both within a fixed budget so that a
+//! tick stays short however many series there are; at most hourly it drops what is older
+//! than each tier's retention.
 
 use anyhow::Result;
 
@@ -10,20 +12,58 @@ use omen_store::DAY_MS;
 /// Retention runs at most this often, in event time.
 const RETENTION_EVERY_MS: i64 = 3_600_000;
 
+/// Series rolled up per tick. 8 GPUs x 80 layers give 2,560 series (values and anomaly
+/// scores): a day's roll-up spreads over 40 ticks of the default 1-minute interval.
+const ROLL_UP_SERIES_PER_TICK: usize = 64;
+
+/// Blocks compacted per tick. The same 2,560 series seal about 2,560 raw blocks an hour,
+/// 43 per 1-minute tick; the rest is headroom to catch up after a pause or a migration.
+const COMPACT_BLOCKS_PER_TICK: usize = 96;
+
 impl Engine {
-    /// Rolls up the complete days before `now_ms`'s day not rolled up yet (from the first
-    /// stored sample on a new store), and records how far it got.
+    /// Continues the day roll-ups: the complete days before `now_ms`'s day not rolled up
+    /// yet (from the first stored sample on a new store), at most
+    /// [`ROLL_UP_SERIES_PER_TICK`] series per call; records each day once it is complete.
     pub(super) fn roll_up_days(&mut self, now_ms: i64) -> Result<()> {
         let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
-        let from = match self.rolled_until_day_ms {
-            Some(d) => d,
-            None => self.store.earliest_ts()?.map(|t| t.div_euclid(DAY_MS) * DAY_MS).unwrap_or(today),
-        };
-        if from < today {
-            self.store.roll_up_days(from, today)?;
-            self.store.set_meta("rolled_until_day_ms", &today.to_string())?;
+        let mut budget = ROLL_UP_SERIES_PER_TICK;
+        loop {
+            let (day, from_id) = match self.roll_up_cursor {
+                Some(cursor) => cursor,
+                None => {
+                    let from = match self.rolled_until_day_ms {
+                        Some(d) => d,
+                        None => {
+                            self.store.earliest_ts()?.map(|t| t.div_euclid(DAY_MS) * DAY_MS).unwrap_or(today)
+                        }
+                    };
+                    (from, 0)
+                }
+            };
+            if day >= today {
+                self.rolled_until_day_ms = Some(self.rolled_until_day_ms.unwrap_or(day).max(today));
+                return Ok(());
+            }
+            if budget == 0 {
+                self.roll_up_cursor = Some((day, from_id));
+                return Ok(());
+            }
+            let done = self.store.roll_up_day(day, from_id, budget)?;
+            budget -= done.visited.min(budget);
+            match done.next_id {
+                Some(id) => self.roll_up_cursor = Some((day, id)),
+                None => {
+                    self.store.set_meta("rolled_until_day_ms", &(day + DAY_MS).to_string())?;
+                    self.rolled_until_day_ms = Some(day + DAY_MS);
+                    self.roll_up_cursor = None;
+                }
+            }
         }
-        self.rolled_until_day_ms = Some(today.max(from));
+    }
+
+    /// Moves sealed rows into compressed blocks, [`COMPACT_BLOCKS_PER_TICK`] at most.
+    pub(super) fn compact(&mut self, now_ms: i64) -> Result<()> {
+        self.store.compact(now_ms, COMPACT_BLOCKS_PER_TICK)?;
         Ok(())
     }
 

@@ -1,0 +1,677 @@
+//! Sealed history in compressed blocks. Raw samples and minute aggregates are written as
+//! rows (cheap to append, durable per batch) and, once their span lies [`SEAL_LAG_MS`] in
+//! the past, moved into one block per series and span: columns compressed with pco
+//! (lossless; regular time stamps and slowly moving values cost a few bits each). As rows,
+//! 8 GPUs x 80 layers for 30 days would take about 12 GB (some 45 bytes per value with
+//! the indexes); as blocks, see docs/reliability.md for the measured size.
+//!
+//! Reads merge both. A block and the rows of its span are disjoint sets of samples (rows
+//! there are late samples that came after the block was written), so sums and counts
+//! add; the next compaction folds such rows into the block. Compaction is bounded per call
+//! ([`Store::compact`]) so that the caller's tick stays short.
+
+use anyhow::{Context, Result};
+use omen_signals::MINUTE_MS;
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use crate::minutes::MinuteFold;
+use crate::Store;
+
+/// Span of a raw block: one hour (360 samples at the default 10 s raw interval).
+pub(crate) const RAW_BLOCK_MS: i64 = 3_600_000;
+/// Span of a minute block: six hours (360 minutes).
+pub(crate) const MINUTE_BLOCK_MS: i64 = 6 * 3_600_000;
+/// Rows younger than this (event time) stay rows: late samples of the last minutes land
+/// in rows, and a series' open minute is never sealed (crash recovery rebuilds it from rows).
+pub(crate) const SEAL_LAG_MS: i64 = 10 * MINUTE_MS;
+
+/// Version byte at the start of every block; a block of another version is refused, not misread.
+const BLOCK_FORMAT: u8 = 1;
+
+/// Start of the span of `span_ms` that `ts_ms` falls in (floor, also before 1970).
+pub(crate) fn span_start(ts_ms: i64, span_ms: i64) -> i64 {
+    ts_ms.div_euclid(span_ms) * span_ms
+}
+
+/// One raw block: time stamps in order, with their values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RawBlock {
+    pub(crate) ts: Vec<i64>,
+    pub(crate) values: Vec<f64>,
+}
+
+/// One minute block: minutes in order, with their folds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct MinuteBlock {
+    pub(crate) minutes: Vec<i64>,
+    pub(crate) folds: Vec<MinuteFold>,
+}
+
+/// Appends one compressed column: its byte length (u32 LE), then pco's bytes.
+fn put_column<T: pco::data_types::Number>(out: &mut Vec<u8>, column: &[T]) -> Result<()> {
+    let bytes = pco::standalone::simple_compress(column, &pco::ChunkConfig::default())
+        .context("cannot compress a block column")?;
+    let len = u32::try_from(bytes.len()).context("a block column over 4 GiB")?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
+/// Reads the next column of `n` numbers written by [`put_column`].
+fn take_column<T: pco::data_types::Number>(data: &mut &[u8], n: usize) -> Result<Vec<T>> {
+    let (len, rest) = data.split_first_chunk::<4>().context("a block cut short before a column")?;
+    let len = u32::from_le_bytes(*len) as usize;
+    anyhow::ensure!(rest.len() >= len, "a block cut short inside a column ({} of {len} bytes)", rest.len());
+    let (bytes, rest) = rest.split_at(len);
+    *data = rest;
+    let column: Vec<T> =
+        pco::standalone::simple_decompress(bytes).context("a block column that does not decode")?;
+    anyhow::ensure!(column.len() == n, "a block column of {} values where the header says {n}", column.len());
+    Ok(column)
+}
+
+/// The header of a block: format byte and number of entries.
+fn put_header(out: &mut Vec<u8>, n: usize) -> Result<()> {
+    out.push(BLOCK_FORMAT);
+    out.extend_from_slice(&u32::try_from(n).context("a block over 2^32 entries")?.to_le_bytes());
+    Ok(())
+}
+
+/// Reads a block header: the number of entries.
+fn take_header(data: &mut &[u8]) -> Result<usize> {
+    let (&format, rest) = data.split_first().context("an empty block")?;
+    anyhow::ensure!(
+        format == BLOCK_FORMAT,
+        "a block of format {format}; this omen reads format {BLOCK_FORMAT}"
+    );
+    let (n, rest) = rest.split_first_chunk::<4>().context("a block cut short in its header")?;
+    *data = rest;
+    Ok(u32::from_le_bytes(*n) as usize)
+}
+
+impl RawBlock {
+    /// The block's bytes: header, time stamps (i64), values (f64).
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(64 + self.ts.len() * 2);
+        put_header(&mut out, self.ts.len())?;
+        put_column(&mut out, &self.ts)?;
+        put_column(&mut out, &self.values)?;
+        Ok(out)
+    }
+
+    /// A block from its bytes.
+    pub(crate) fn decode(mut data: &[u8]) -> Result<Self> {
+        let n = take_header(&mut data)?;
+        let ts = take_column(&mut data, n)?;
+        let values = take_column(&mut data, n)?;
+        Ok(Self { ts, values })
+    }
+
+    /// Adds `later` (rows that came after this block was written) in time order; at equal
+    /// time stamps this block's samples stay first, as they arrived first.
+    pub(crate) fn merge(self, later: RawBlock) -> RawBlock {
+        if self.ts.is_empty() {
+            return later;
+        }
+        let mut out = RawBlock::default();
+        let (mut i, mut j) = (0, 0);
+        while i < self.ts.len() || j < later.ts.len() {
+            if j == later.ts.len() || (i < self.ts.len() && self.ts[i] <= later.ts[j]) {
+                out.ts.push(self.ts[i]);
+                out.values.push(self.values[i]);
+                i += 1;
+            } else {
+                out.ts.push(later.ts[j]);
+                out.values.push(later.values[j]);
+                j += 1;
+            }
+        }
+        out
+    }
+}
+
+impl MinuteBlock {
+    /// The block's bytes: header, minutes and counts (i64), then sum, min, max, last (f64).
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(64 + self.minutes.len() * 4);
+        put_header(&mut out, self.minutes.len())?;
+        put_column(&mut out, &self.minutes)?;
+        put_column(&mut out, &self.folds.iter().map(|f| f.count).collect::<Vec<_>>())?;
+        for field in
+            [|f: &MinuteFold| f.sum, |f: &MinuteFold| f.min, |f: &MinuteFold| f.max, |f: &MinuteFold| f.last]
+        {
+            put_column(&mut out, &self.folds.iter().map(field).collect::<Vec<_>>())?;
+        }
+        Ok(out)
+    }
+
+    /// A block from its bytes.
+    pub(crate) fn decode(mut data: &[u8]) -> Result<Self> {
+        let n = take_header(&mut data)?;
+        let minutes = take_column(&mut data, n)?;
+        let count: Vec<i64> = take_column(&mut data, n)?;
+        let sum: Vec<f64> = take_column(&mut data, n)?;
+        let min: Vec<f64> = take_column(&mut data, n)?;
+        let max: Vec<f64> = take_column(&mut data, n)?;
+        let last: Vec<f64> = take_column(&mut data, n)?;
+        let folds = (0..n)
+            .map(|i| MinuteFold { count: count[i], sum: sum[i], min: min[i], max: max[i], last: last[i] })
+            .collect();
+        Ok(Self { minutes, folds })
+    }
+
+    /// Adds `later` (rows written after this block): a minute in both folds the later one
+    /// in after this block's (its `last` wins).
+    pub(crate) fn merge(self, later: MinuteBlock) -> MinuteBlock {
+        let mut out = MinuteBlock::default();
+        let (mut i, mut j) = (0, 0);
+        while i < self.minutes.len() || j < later.minutes.len() {
+            let take_mine =
+                j == later.minutes.len() || (i < self.minutes.len() && self.minutes[i] < later.minutes[j]);
+            let take_later =
+                i == self.minutes.len() || (j < later.minutes.len() && later.minutes[j] < self.minutes[i]);
+            if take_mine {
+                out.minutes.push(self.minutes[i]);
+                out.folds.push(self.folds[i]);
+                i += 1;
+            } else if take_later {
+                out.minutes.push(later.minutes[j]);
+                out.folds.push(later.folds[j]);
+                j += 1;
+            } else {
+                let mut f = self.folds[i];
+                f.merge(&later.folds[j]);
+                out.minutes.push(self.minutes[i]);
+                out.folds.push(f);
+                i += 1;
+                j += 1;
+            }
+        }
+        out
+    }
+}
+
+/// Which rows a compaction step seals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Tier {
+    Raw,
+    Minute,
+}
+
+/// What one [`Store::compact`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compaction {
+    /// Blocks written (new or grown).
+    pub blocks: usize,
+    /// Rows moved into blocks.
+    pub rows: usize,
+    /// Sealed rows are left for a later call (the call's budget ran out).
+    pub pending: bool,
+}
+
+/// Reads the block of series `id` at `start` in `table`, if any.
+fn block_bytes(tx: &Transaction<'_>, table: &str, id: i64, start: i64) -> Result<Option<Vec<u8>>> {
+    let sql = format!("SELECT data FROM {table} WHERE series_id = ?1 AND start_ms = ?2");
+    Ok(tx.prepare_cached(&sql)?.query_row(params![id, start], |r| r.get(0)).optional()?)
+}
+
+/// Moves the raw rows of series `id` in [start, start + RAW_BLOCK_MS) into its block; returns the rows moved.
+fn seal_raw(tx: &Transaction<'_>, id: i64, start: i64) -> Result<usize> {
+    let end = start + RAW_BLOCK_MS;
+    let mut rows = RawBlock::default();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT ts_ms, value FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3 ORDER BY ts_ms, rowid",
+        )?;
+        let mut q = stmt.query(params![id, start, end])?;
+        while let Some(r) = q.next()? {
+            rows.ts.push(r.get(0)?);
+            rows.values.push(r.get(1)?);
+        }
+    }
+    let moved = rows.ts.len();
+    if moved == 0 {
+        return Ok(0);
+    }
+    let block = match block_bytes(tx, "sample_blocks", id, start)? {
+        Some(bytes) => RawBlock::decode(&bytes)
+            .with_context(|| format!("raw block of series {id} at {start} in the store"))?
+            .merge(rows),
+        None => rows,
+    };
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO sample_blocks (series_id, start_ms, count, data) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![id, start, block.ts.len() as i64, block.encode()?])?;
+    tx.prepare_cached("DELETE FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3")?
+        .execute(params![id, start, end])?;
+    Ok(moved)
+}
+
+/// Moves the minute rows of series `id` in [start, start + MINUTE_BLOCK_MS) into its block; returns the rows moved.
+fn seal_minutes(tx: &Transaction<'_>, id: i64, start: i64) -> Result<usize> {
+    let end = start + MINUTE_BLOCK_MS;
+    let mut rows = MinuteBlock::default();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT minute_ms, count, sum, min, max, last FROM minute_agg
+             WHERE series_id = ?1 AND minute_ms >= ?2 AND minute_ms < ?3 ORDER BY minute_ms",
+        )?;
+        let mut q = stmt.query(params![id, start, end])?;
+        while let Some(r) = q.next()? {
+            rows.minutes.push(r.get(0)?);
+            rows.folds.push(MinuteFold {
+                count: r.get(1)?,
+                sum: r.get(2)?,
+                min: r.get(3)?,
+                max: r.get(4)?,
+                last: r.get(5)?,
+            });
+        }
+    }
+    let moved = rows.minutes.len();
+    if moved == 0 {
+        return Ok(0);
+    }
+    let block = match block_bytes(tx, "minute_blocks", id, start)? {
+        Some(bytes) => MinuteBlock::decode(&bytes)
+            .with_context(|| format!("minute block of series {id} at {start} in the store"))?
+            .merge(rows),
+        None => rows,
+    };
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO minute_blocks (series_id, start_ms, count, data) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![id, start, block.minutes.len() as i64, block.encode()?])?;
+    tx.prepare_cached("DELETE FROM minute_agg WHERE series_id = ?1 AND minute_ms >= ?2 AND minute_ms < ?3")?
+        .execute(params![id, start, end])?;
+    Ok(moved)
+}
+
+/// The oldest row of series `id` left in a tier's row table.
+fn oldest_row(tx: &Transaction<'_>, tier: Tier, id: i64) -> Result<Option<i64>> {
+    let sql = match tier {
+        Tier::Raw => "SELECT MIN(ts_ms) FROM samples WHERE series_id = ?1",
+        Tier::Minute => "SELECT MIN(minute_ms) FROM minute_agg WHERE series_id = ?1",
+    };
+    Ok(tx.prepare_cached(sql)?.query_row([id], |r| r.get(0))?)
+}
+
+impl Store {
+    /// Moves sealed rows (spans ending [`SEAL_LAG_MS`] before `now_ms`, event time) into
+    /// compressed blocks, at most `max_blocks` blocks per call, oldest spans first, in one
+    /// transaction. Call it regularly (the engine does, every tick); what is not sealed yet
+    /// is read from rows meanwhile, so this only bounds the store's size, never what a query sees.
+    pub fn compact(&self, now_ms: i64, max_blocks: usize) -> Result<Compaction> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let sealed = now_ms.saturating_sub(SEAL_LAG_MS);
+        let mut work: Vec<(i64, Tier, i64)> = Vec::new();
+        for (id, m) in w.minutes.iter() {
+            // The open minute's raw rows stay rows: crash recovery rebuilds it from them.
+            let raw_limit = m.open.map_or(sealed, |(minute, _)| sealed.min(minute));
+            if let Some(t) = m.oldest_raw_row {
+                let start = span_start(t, RAW_BLOCK_MS);
+                if start + RAW_BLOCK_MS <= raw_limit {
+                    work.push((start, Tier::Raw, id));
+                }
+            }
+            if let Some(t) = m.oldest_minute_row {
+                let start = span_start(t, MINUTE_BLOCK_MS);
+                if start + MINUTE_BLOCK_MS <= sealed {
+                    work.push((start, Tier::Minute, id));
+                }
+            }
+        }
+        let mut done = Compaction { pending: work.len() > max_blocks, ..Compaction::default() };
+        if work.is_empty() || max_blocks == 0 {
+            return Ok(done);
+        }
+        work.sort_unstable();
+        work.truncate(max_blocks);
+        let mut next: Vec<(i64, Tier, Option<i64>)> = Vec::with_capacity(work.len());
+        let tx = w.conn.transaction()?;
+        for &(start, tier, id) in &work {
+            done.rows += match tier {
+                Tier::Raw => seal_raw(&tx, id, start)?,
+                Tier::Minute => seal_minutes(&tx, id, start)?,
+            };
+            done.blocks += 1;
+            next.push((id, tier, oldest_row(&tx, tier, id)?));
+        }
+        tx.commit()?;
+        for (id, tier, oldest) in next {
+            let m = w.minutes.slot(id);
+            match tier {
+                Tier::Raw => m.oldest_raw_row = oldest,
+                Tier::Minute => m.oldest_minute_row = oldest,
+            }
+            // More sealed spans of this series (a backlog) mean more work for the next call.
+            done.pending |= oldest.is_some_and(|t| match tier {
+                Tier::Raw => span_start(t, RAW_BLOCK_MS) + RAW_BLOCK_MS <= sealed,
+                Tier::Minute => span_start(t, MINUTE_BLOCK_MS) + MINUTE_BLOCK_MS <= sealed,
+            });
+        }
+        self.changed();
+        Ok(done)
+    }
+
+    /// Compacts until nothing sealed is left (tests, tools and shutdown-free bulk loads).
+    pub fn compact_all(&self, now_ms: i64) -> Result<Compaction> {
+        let mut total = Compaction::default();
+        loop {
+            let c = self.compact(now_ms, 1024)?;
+            total.blocks += c.blocks;
+            total.rows += c.rows;
+            if !c.pending {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// The newest raw time stamp stored, in rows or in blocks.
+pub(crate) fn newest_raw_ts(conn: &rusqlite::Connection) -> Result<Option<i64>> {
+    let in_rows: Option<i64> = conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
+    // Blocks are whole spans: only the newest span's blocks can hold a newer sample.
+    let newest_start: Option<i64> =
+        conn.query_row("SELECT MAX(start_ms) FROM sample_blocks", [], |r| r.get(0))?;
+    let Some(start) = newest_start else { return Ok(in_rows) };
+    let mut newest = in_rows;
+    raw_from_all_blocks_at(conn, start, |ts| newest = Some(newest.map_or(ts, |n: i64| n.max(ts))))?;
+    Ok(newest)
+}
+
+/// The oldest raw time stamp stored, in rows or in blocks.
+pub(crate) fn oldest_raw_ts(conn: &rusqlite::Connection) -> Result<Option<i64>> {
+    let in_rows: Option<i64> = conn.query_row("SELECT MIN(ts_ms) FROM samples", [], |r| r.get(0))?;
+    let oldest_start: Option<i64> =
+        conn.query_row("SELECT MIN(start_ms) FROM sample_blocks", [], |r| r.get(0))?;
+    let Some(start) = oldest_start else { return Ok(in_rows) };
+    let mut oldest = in_rows;
+    raw_from_all_blocks_at(conn, start, |ts| oldest = Some(oldest.map_or(ts, |o: i64| o.min(ts))))?;
+    Ok(oldest)
+}
+
+/// Every time stamp in the raw blocks of any series that start at `start`.
+fn raw_from_all_blocks_at(conn: &rusqlite::Connection, start: i64, mut each: impl FnMut(i64)) -> Result<()> {
+    let mut stmt = conn.prepare_cached("SELECT series_id, data FROM sample_blocks WHERE start_ms = ?1")?;
+    let mut q = stmt.query([start])?;
+    while let Some(r) = q.next()? {
+        let id: i64 = r.get(0)?;
+        let bytes: Vec<u8> = r.get(1)?;
+        let block =
+            RawBlock::decode(&bytes).with_context(|| format!("raw block of series {id} in the store"))?;
+        block.ts.iter().for_each(|&t| each(t));
+    }
+    Ok(())
+}
+
+/// The raw samples of series `id` in [since, until) held in blocks, in time order.
+pub(crate) fn raw_from_blocks(
+    conn: &rusqlite::Connection,
+    id: i64,
+    since: i64,
+    until: i64,
+    mut each: impl FnMut(i64, f64),
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT data FROM sample_blocks WHERE series_id = ?1 AND start_ms > ?2 AND start_ms < ?3 ORDER BY start_ms",
+    )?;
+    let mut q = stmt.query(params![id, since.saturating_sub(RAW_BLOCK_MS), until])?;
+    while let Some(r) = q.next()? {
+        let bytes: Vec<u8> = r.get(0)?;
+        let block =
+            RawBlock::decode(&bytes).with_context(|| format!("raw block of series {id} in the store"))?;
+        for (&ts, &v) in block.ts.iter().zip(&block.values) {
+            if ts >= since && ts < until {
+                each(ts, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The minute folds of series `id` with minutes in [since, until) held in blocks, in time order.
+pub(crate) fn minutes_from_blocks(
+    conn: &rusqlite::Connection,
+    id: i64,
+    since: i64,
+    until: i64,
+    mut each: impl FnMut(i64, &MinuteFold),
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT data FROM minute_blocks WHERE series_id = ?1 AND start_ms > ?2 AND start_ms < ?3 ORDER BY start_ms",
+    )?;
+    let mut q = stmt.query(params![id, since.saturating_sub(MINUTE_BLOCK_MS), until])?;
+    while let Some(r) = q.next()? {
+        let bytes: Vec<u8> = r.get(0)?;
+        let block = MinuteBlock::decode(&bytes)
+            .with_context(|| format!("minute block of series {id} in the store"))?;
+        for (&minute, fold) in block.minutes.iter().zip(&block.folds) {
+            if minute >= since && minute < until {
+                each(minute, fold);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::test_util::sample;
+    use crate::{RangeSeries, Resolution, DAY_MS};
+
+    const T0: i64 = 1_793_577_600_000; // a UTC midnight
+
+    /// Both series' raw and minute means per 10 minutes, and their day aggregates.
+    fn views(store: &Store, until: i64) -> (Vec<RangeSeries>, Vec<RangeSeries>, Vec<(i64, f64, f64, f64)>) {
+        let all = BTreeMap::new();
+        let raw = store.range("kvf_ratio", &all, T0, until, 600_000, Resolution::Raw).unwrap();
+        let minute = store.range("kvf_ratio", &all, T0, until, 600_000, Resolution::Minute).unwrap();
+        let days = store
+            .day_aggregates("kvf_ratio", T0, T0 + DAY_MS)
+            .unwrap()
+            .iter()
+            .map(|d| (d.count, d.mean, d.p50, d.p99))
+            .collect();
+        (raw, minute, days)
+    }
+
+    fn assert_close(a: &[RangeSeries], b: &[RangeSeries]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.labels, y.labels);
+            assert_eq!(x.points.len(), y.points.len());
+            for (p, q) in x.points.iter().zip(&y.points) {
+                assert!(p.0 == q.0 && (p.1 - q.1).abs() <= 1e-12 * q.1.abs().max(1.0), "{p:?} vs {q:?}");
+            }
+        }
+    }
+
+    /// Three hours of two series at 10 s, every third sample kept raw (decimation).
+    fn three_hours(store: &Store) {
+        for hour in 0..3 {
+            let batch: Vec<_> = (0..360)
+                .flat_map(|i| {
+                    let ts = T0 + hour * 3_600_000 + i * 10_000;
+                    [
+                        sample(ts, "kvf_ratio", "0", 1.0 + (i % 7) as f64),
+                        sample(ts, "kvf_ratio", "1", (i as f64).sqrt()),
+                    ]
+                })
+                .collect();
+            let keep: Vec<bool> = (0..batch.len()).map(|j| (j / 2) % 3 == 0).collect();
+            store.insert_with_raw(&batch, &keep).unwrap();
+        }
+    }
+
+    #[test]
+    fn compaction_keeps_every_read_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        three_hours(&store);
+        let until = T0 + 3 * 3_600_000;
+        store.roll_up_days(T0, T0 + DAY_MS).unwrap();
+        let before = views(&store, until);
+        let raw_count = store.raw_sample_count().unwrap();
+
+        // Two hours are sealed ten minutes after they end; the third is not (its last minute is open).
+        let c = store.compact_all(until + 10 * MINUTE_MS).unwrap();
+        assert_eq!(c.blocks, 2 * 2, "two raw hours of two series; no six-hour minute span has ended");
+        assert_eq!(c.rows as i64, 2 * 2 * 120);
+        let sealed: i64 =
+            store.reader().query_row("SELECT COUNT(*) FROM sample_blocks", [], |r| r.get(0)).unwrap();
+        assert_eq!(sealed, 4);
+        store.roll_up_days(T0, T0 + DAY_MS).unwrap();
+        let after = views(&store, until);
+        assert_close(&after.0, &before.0);
+        assert_close(&after.1, &before.1);
+        assert_eq!(after.2.len(), before.2.len());
+        for (a, b) in after.2.iter().zip(&before.2) {
+            assert_eq!((a.0, a.2, a.3), (b.0, b.2, b.3));
+            assert!((a.1 - b.1).abs() < 1e-12);
+        }
+        assert_eq!(store.raw_sample_count().unwrap(), raw_count);
+        assert_eq!(store.earliest_ts().unwrap(), Some(T0));
+
+        // A day later everything is sealed, minutes included, and still reads the same.
+        store.flush().unwrap();
+        let c = store.compact_all(T0 + DAY_MS).unwrap();
+        assert_eq!(c.blocks, 2 + 2, "the third raw hour and the first minute span, of two series");
+        let after = views(&store, until);
+        assert_close(&after.0, &before.0);
+        assert_close(&after.1, &before.1);
+        let rows: i64 = store
+            .reader()
+            .query_row("SELECT (SELECT COUNT(*) FROM samples) + (SELECT COUNT(*) FROM minute_agg)", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(rows, 0);
+        drop(store);
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        assert_eq!(store.latest_ts().unwrap(), Some(until - 30_000), "the newest raw sample (i = 357)");
+        assert_close(&views(&store, until).1, &before.1);
+    }
+
+    #[test]
+    fn late_samples_after_compaction_are_read_and_folded_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        three_hours(&store);
+        store.flush().unwrap();
+        store.compact_all(T0 + DAY_MS).unwrap();
+        let all = BTreeMap::new();
+        let first_minute = |store: &Store| {
+            store
+                .range(
+                    "kvf_ratio",
+                    &[("layer".to_owned(), "0".to_owned())].into(),
+                    T0,
+                    T0 + 60_000,
+                    60_000,
+                    Resolution::Minute,
+                )
+                .unwrap()[0]
+                .points[0]
+        };
+        // Minute 0 of layer 0: six samples 1..=6, mean 3.5. A late 10.5 makes it 4.5.
+        assert_eq!(first_minute(&store), (T0, 3.5));
+        store.insert(&[sample(T0 + 5_000, "kvf_ratio", "0", 10.5)]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(first_minute(&store), (T0, 4.5));
+        let raw = store.range("kvf_ratio", &all, T0, T0 + 10_000, 10_000, Resolution::Raw).unwrap();
+        assert_eq!(raw[0].points, vec![(T0, (1.0 + 10.5) / 2.0)], "the sealed sample at T0 and the late one");
+        let c = store.compact_all(T0 + DAY_MS).unwrap();
+        assert_eq!((c.blocks, c.rows), (2, 2), "one raw row and one minute row folded into their blocks");
+        assert_eq!(first_minute(&store), (T0, 4.5));
+        let raw = store.range("kvf_ratio", &all, T0, T0 + 10_000, 10_000, Resolution::Raw).unwrap();
+        assert_eq!(raw[0].points, vec![(T0, (1.0 + 10.5) / 2.0)]);
+    }
+
+    #[test]
+    fn the_open_minute_stays_in_rows_and_survives_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("omen.db");
+        {
+            let store = Store::open(&path).unwrap();
+            // One series goes quiet inside an hour: its last minute stays open.
+            store.insert(&[sample(T0, "quiet", "0", 1.0), sample(T0 + 20_000, "quiet", "0", 3.0)]).unwrap();
+            let c = store.compact(T0 + DAY_MS, 100).unwrap();
+            assert_eq!(c.blocks, 0, "the open minute's hour is not sealed");
+            std::mem::forget(store);
+        }
+        let store = Store::open(&path).unwrap();
+        let r = store.range("quiet", &BTreeMap::new(), T0, T0 + 60_000, 60_000, Resolution::Minute).unwrap();
+        assert_eq!(r[0].points, vec![(T0, 2.0)], "rebuilt from its raw rows");
+    }
+
+    #[test]
+    fn retention_drops_whole_blocks_past_the_cutoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        three_hours(&store);
+        store.flush().unwrap();
+        store.compact_all(T0 + DAY_MS).unwrap();
+        // Raw cutoff at T0 + 1.5 h (of a 1-day retention): the first hour's blocks go, the second's stay.
+        store.apply_retention(T0 + DAY_MS + 5_400_000, 1, 30, 30).unwrap();
+        let starts: Vec<i64> = store
+            .reader()
+            .prepare("SELECT DISTINCT start_ms FROM sample_blocks ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(starts, vec![T0 + 3_600_000, T0 + 7_200_000]);
+        assert_eq!(store.earliest_ts().unwrap(), Some(T0 + 3_600_000));
+    }
+
+    #[test]
+    fn blocks_round_trip_exactly() {
+        let raw = RawBlock {
+            ts: (0..360).map(|i| 1_793_577_600_000 + i * 10_000).collect(),
+            values: (0..360).map(|i| (i as f64 * 0.37).sin() * 1e-3 + f64::EPSILON * i as f64).collect(),
+        };
+        assert_eq!(RawBlock::decode(&raw.encode().unwrap()).unwrap(), raw);
+        let minutes = MinuteBlock {
+            minutes: (0..5).map(|i| i * MINUTE_MS).collect(),
+            folds: (0..5).map(|i| MinuteFold::new(i as f64 / 3.0)).collect(),
+        };
+        assert_eq!(MinuteBlock::decode(&minutes.encode().unwrap()).unwrap(), minutes);
+    }
+
+    #[test]
+    fn damaged_blocks_are_errors_not_panics() {
+        let raw = RawBlock { ts: vec![1, 2, 3], values: vec![0.5, 0.25, 0.125] };
+        let bytes = raw.encode().unwrap();
+        for cut in 0..bytes.len() {
+            assert!(RawBlock::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut other = bytes.clone();
+        other[0] = 9;
+        assert!(RawBlock::decode(&other).unwrap_err().to_string().contains("format 9"));
+    }
+
+    #[test]
+    fn merges_keep_time_order_and_fold_shared_minutes() {
+        let a = RawBlock { ts: vec![1, 3, 5], values: vec![1.0, 3.0, 5.0] };
+        let b = RawBlock { ts: vec![2, 3, 6], values: vec![2.0, 30.0, 6.0] };
+        let m = a.merge(b);
+        assert_eq!(m.ts, vec![1, 2, 3, 3, 5, 6]);
+        assert_eq!(m.values, vec![1.0, 2.0, 3.0, 30.0, 5.0, 6.0]);
+        let a =
+            MinuteBlock { minutes: vec![0, 60_000], folds: vec![MinuteFold::new(1.0), MinuteFold::new(2.0)] };
+        let b = MinuteBlock {
+            minutes: vec![60_000, 120_000],
+            folds: vec![MinuteFold::new(4.0), MinuteFold::new(8.0)],
+        };
+        let m = a.merge(b);
+        assert_eq!(m.minutes, vec![0, 60_000, 120_000]);
+        let shared = m.folds[1];
+        assert_eq!((shared.count, shared.sum, shared.min, shared.max, shared.last), (2, 6.0, 2.0, 4.0, 4.0));
+    }
+}
