@@ -216,6 +216,34 @@ enum Command {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
         jobs: Option<u64>,
     },
+    #[cfg(feature = "lab")]
+    /// Fill a new store with weeks of a large node's KV-cache history in accelerated time,
+    /// through the agent's pipeline, and report its size and tick times.
+    ///
+    /// Example: omen fill-history --days 30 --gpus 8 --layers 80 --store /tmp/omen-30d.db
+    FillHistory {
+        /// The new store file (must not exist).
+        #[arg(long)]
+        store: PathBuf,
+        /// Days of history, ending now.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=400))]
+        days: u32,
+        /// GPUs on the node.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+        gpus: u32,
+        /// Layers per GPU.
+        #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        layers: u32,
+        /// Time between two samples of a series (default: the config's store.raw_min_interval).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        period: Option<std::time::Duration>,
+        /// Optional config (store retention, health interval, signal settings).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// JSON report path.
+        #[arg(long, short, default_value = "fill-history.json")]
+        out: PathBuf,
+    },
 }
 
 /// The async runtime of the subcommands that need one (`run`, `bench`, `stress`).
@@ -519,6 +547,40 @@ fn main() -> ExitCode {
                 ),
             };
             cfg.and_then(|cfg| evaluate_warnings(&cfg, &scenarios, &out, work, options))
+        }
+        #[cfg(feature = "lab")]
+        Command::FillHistory { store, days, gpus, layers, period, config, out } => {
+            // Tens of minutes for 30 days of 640 layers: progress goes to stderr once per day.
+            omen_agent::logging();
+            let cfg = match config {
+                Some(path) => load_config(&path),
+                None => Ok(Config::default()),
+            };
+            cfg.and_then(|mut cfg| {
+                cfg.store.path = store;
+                let options = omen_lab::history::HistoryOptions {
+                    days,
+                    gpus,
+                    layers,
+                    period: period.unwrap_or(cfg.store.raw_min_interval.max(std::time::Duration::from_secs(1))),
+                    end_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64),
+                    seed: 1,
+                };
+                let report = omen_lab::history::fill_history(cfg, &options)?;
+                let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
+                std::fs::write(&out, text + "\n").with_context(|| format!("cannot write {}", out.display()))?;
+                eprintln!(
+                    "fill-history: {} series, {:.0} MB on disk after {} days; tick p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms; report: {}",
+                    report.series,
+                    report.store_bytes as f64 / 1e6,
+                    report.days,
+                    report.tick_all.p50_ms,
+                    report.tick_all.p99_ms,
+                    report.tick_all.max_ms,
+                    out.display()
+                );
+                Ok(())
+            })
         }
     };
     match result {

@@ -6,6 +6,7 @@
 
 pub mod evaluate_warnings;
 pub mod explain;
+pub mod history;
 pub mod replay;
 pub mod simulate;
 pub mod stress;
