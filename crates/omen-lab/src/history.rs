@@ -4,6 +4,11 @@
 //! store and the tick cost after that long: store size, tick time, and (with `omen run` on
 //! the filled store) start-up time and query latency.
 //!
+//! Samples are pushed in chunks of ten minutes of event time, one engine batch each (as
+//! a pusher may batch), and the engine ticks every `health.interval` of event time within
+//! the chunk, after it; the tick's work (health, forecasts, roll-ups, compaction,
+//! retention) is what the agent does, so its time is what the agent's ticks take.
+//!
 //! Samples come every `period` (default: the store's `raw_min_interval`, 10 s): a 1 Hz push
 //! stores the same rows, since the agent keeps one raw sample per series per interval and
 //! folds the others into their minute's count and sum; the store's size does not depend on
@@ -78,6 +83,9 @@ pub struct HistoryReport {
     pub tick_last_day: TickTimes,
 }
 
+/// Event time pushed per commit.
+const CHUNK_MS: i64 = 10 * 60_000;
+
 /// One series' state: an AR(1) deviation around its GPU's daily cycle.
 struct Layer {
     offset: f64,
@@ -118,7 +126,11 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
         "{} exists; fill-history writes a new store: remove it or choose another --store",
         path.display()
     );
-    let tick_every_ms = cfg.health.interval.as_millis() as i64;
+    let tick_every_ms = (cfg.health.interval.as_millis() as i64).max(1);
+    // Ticks are driven here, once per health.interval of event time, after the chunk that
+    // covers them; the engine's own tick-on-ingest is pushed out of the way.
+    let mut cfg = cfg;
+    cfg.health.interval = Duration::from_secs(1 << 40);
     let store = Arc::new(Store::open(&path)?);
     let mut engine = Engine::new(Arc::new(cfg), store.clone(), Arc::new(LiveMetrics::new()))?;
 
@@ -146,13 +158,12 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
     let mut samples = 0u64;
     let mut day_logged = start_ms;
     let mut ts = start_ms;
+    let mut batch = Vec::new();
     while ts < opts.end_ms {
         let day_phase = (ts.rem_euclid(DAY_MS)) as f64 / DAY_MS as f64;
         // 1970-01-01 was a Thursday: days 2 and 3 after it are the weekend.
         let weekend = matches!(ts.div_euclid(DAY_MS).rem_euclid(7), 2 | 3);
-        let cycle =
-            0.2 * (2.0 * std::f64::consts::PI * (day_phase - 0.3)).sin() - if weekend { 0.15 } else { 0.0 };
-        let mut batch = Vec::with_capacity(layers.len() * 2);
+        let cycle = 0.2 * (2.0 * std::f64::consts::PI * (day_phase - 0.3)).sin() - if weekend { 0.15 } else { 0.0 };
         for (i, layer) in layers.iter_mut().enumerate() {
             let g = i / opts.layers as usize;
             layer.noise = 0.98 * layer.noise + 0.01 * normal(&mut rng);
@@ -160,23 +171,27 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
             let usage = (gpu_load[g] + cycle + layer.offset + layer.noise).clamp(0.0, 1.0);
             let usage = (usage * 4096.0).round() / 4096.0;
             let kvf = 1.0 + layer.frag * (1.0 + usage);
-            for (signal, value) in
-                [(catalogue::KVCACHE_USAGE_RATIO.name, usage), (catalogue::KVF_RATIO.name, kvf)]
-            {
+            for (signal, value) in [(catalogue::KVCACHE_USAGE_RATIO.name, usage), (catalogue::KVF_RATIO.name, kvf)] {
                 batch.push(Sample { ts_ms: ts, signal: signal.into(), labels: labels[i].clone(), value });
             }
         }
+        ts += period_ms;
+        // Chunks of CHUNK_MS of event time, one commit each: one commit per 10 s step would
+        // rewrite one index page per series each time and spend the fill on write-ahead-log I/O.
+        if ts % CHUNK_MS != 0 && ts < opts.end_ms {
+            continue;
+        }
         samples += batch.len() as u64;
-        engine.process(batch)?;
-        if ts >= next_tick {
+        engine.process(std::mem::take(&mut batch))?;
+        while next_tick < ts {
             let t = Instant::now();
-            engine.tick(ts)?;
+            engine.tick(next_tick)?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             ticks.push(ms);
-            if ts >= last_day_ms {
+            if next_tick >= last_day_ms {
                 ticks_last_day.push(ms);
             }
-            next_tick = ts + tick_every_ms;
+            next_tick += tick_every_ms;
         }
         if ts - day_logged >= DAY_MS {
             day_logged = ts;
@@ -192,7 +207,6 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
                 elapsed / done.max(1e-9) * (1.0 - done)
             );
         }
-        ts += period_ms;
     }
     engine.flush()?;
     let series = store.signals()?.iter().map(|s| store.series_matching(s, &Default::default())).sum();
