@@ -48,7 +48,24 @@ pub fn spawn(
     std::thread::Builder::new().name("omen-pipeline".into()).spawn(move || -> Result<()> {
         // The last refusal logged, so that a source refused every interval logs once.
         let mut last_refusal: Option<(&'static str, Option<String>)> = None;
-        while let Some(job) = jobs.blocking_recv() {
+        // Store upkeep (compaction) runs in small steps while no batch waits.
+        let mut upkeep = Upkeep::default();
+        loop {
+            let job = match jobs.try_recv() {
+                Ok(job) => job,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    if upkeep.pending {
+                        upkeep.step(&mut engine);
+                        continue;
+                    }
+                    match jobs.blocking_recv() {
+                        Some(job) => job,
+                        None => break,
+                    }
+                }
+            };
+            upkeep.pending = true;
             let n = job.samples.len();
             let pushed = job.ack.is_some();
             let result = engine.process(job.samples).map_err(|e| match e.downcast::<SeriesLimitExceeded>() {
@@ -91,6 +108,38 @@ pub fn spawn(
         }
         Ok(())
     })
+}
+
+/// The pipeline's store upkeep between batches.
+#[derive(Default)]
+struct Upkeep {
+    /// A step may have work: set after every batch, cleared when a step finds none.
+    pending: bool,
+    /// The last step failed (logged once per spell of failures).
+    failing: bool,
+}
+
+impl Upkeep {
+    /// One [`Engine::maintain`] step; a failure (e.g. a full disk) waits for the next batch.
+    fn step(&mut self, engine: &mut Engine) {
+        match engine.maintain() {
+            Ok(more) => {
+                if self.failing {
+                    warn!("pipeline: store compaction works again");
+                    self.failing = false;
+                }
+                self.pending = more;
+            }
+            Err(e) => {
+                if !self.failing {
+                    let reason = omen_store::explain_write_error(&e, engine.store_path());
+                    error!("pipeline: store compaction failed (retried after the next batch): {reason}");
+                    self.failing = true;
+                }
+                self.pending = false;
+            }
+        }
+    }
 }
 
 /// Hands a source's samples to the pipeline; our sources never block on a full

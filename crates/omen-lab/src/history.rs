@@ -6,8 +6,9 @@
 //!
 //! Samples are pushed in chunks of ten minutes of event time, one engine batch each (as
 //! a pusher may batch), and the engine ticks every `health.interval` of event time within
-//! the chunk, after it; the tick's work (health, forecasts, roll-ups, compaction,
-//! retention) is what the agent does, so its time is what the agent's ticks take.
+//! the chunk, after it; the tick's work (health, forecasts, roll-ups, retention) is what
+//! the agent does, so its time is what the agent's ticks take. After each chunk the
+//! compaction steps run until none is left, as the pipeline runs them between batches.
 //!
 //! Samples come every `period` (default: the store's `raw_min_interval`, 10 s): a 1 Hz push
 //! stores the same rows, since the agent keeps one raw sample per series per interval and
@@ -47,7 +48,7 @@ pub struct HistoryOptions {
     pub seed: u64,
 }
 
-/// Percentiles of the tick times, in milliseconds.
+/// Percentiles of tick (or upkeep step) times, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
 pub struct TickTimes {
     /// Ticks timed.
@@ -81,6 +82,9 @@ pub struct HistoryReport {
     /// Tick times over the whole fill, and over its last day alone.
     pub tick_all: TickTimes,
     pub tick_last_day: TickTimes,
+    /// Times of the compaction steps the pipeline runs between batches (each holds the
+    /// store's writer: the longest a batch can wait for one).
+    pub upkeep_step: TickTimes,
 }
 
 /// Event time pushed per commit.
@@ -153,7 +157,7 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
     let start_ms = (opts.end_ms - opts.days as i64 * DAY_MS).div_euclid(period_ms) * period_ms;
     let last_day_ms = opts.end_ms - DAY_MS;
     let started = Instant::now();
-    let (mut ticks, mut ticks_last_day) = (Vec::new(), Vec::new());
+    let (mut ticks, mut ticks_last_day, mut upkeep) = (Vec::new(), Vec::new(), Vec::new());
     let mut next_tick = start_ms;
     let mut samples = 0u64;
     let mut day_logged = start_ms;
@@ -163,7 +167,8 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
         let day_phase = (ts.rem_euclid(DAY_MS)) as f64 / DAY_MS as f64;
         // 1970-01-01 was a Thursday: days 2 and 3 after it are the weekend.
         let weekend = matches!(ts.div_euclid(DAY_MS).rem_euclid(7), 2 | 3);
-        let cycle = 0.2 * (2.0 * std::f64::consts::PI * (day_phase - 0.3)).sin() - if weekend { 0.15 } else { 0.0 };
+        let cycle =
+            0.2 * (2.0 * std::f64::consts::PI * (day_phase - 0.3)).sin() - if weekend { 0.15 } else { 0.0 };
         for (i, layer) in layers.iter_mut().enumerate() {
             let g = i / opts.layers as usize;
             layer.noise = 0.98 * layer.noise + 0.01 * normal(&mut rng);
@@ -171,7 +176,9 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
             let usage = (gpu_load[g] + cycle + layer.offset + layer.noise).clamp(0.0, 1.0);
             let usage = (usage * 4096.0).round() / 4096.0;
             let kvf = 1.0 + layer.frag * (1.0 + usage);
-            for (signal, value) in [(catalogue::KVCACHE_USAGE_RATIO.name, usage), (catalogue::KVF_RATIO.name, kvf)] {
+            for (signal, value) in
+                [(catalogue::KVCACHE_USAGE_RATIO.name, usage), (catalogue::KVF_RATIO.name, kvf)]
+            {
                 batch.push(Sample { ts_ms: ts, signal: signal.into(), labels: labels[i].clone(), value });
             }
         }
@@ -192,6 +199,15 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
                 ticks_last_day.push(ms);
             }
             next_tick += tick_every_ms;
+        }
+        // Compaction as the pipeline runs it between batches, timed step by step.
+        loop {
+            let t = Instant::now();
+            let more = engine.maintain()?;
+            upkeep.push(t.elapsed().as_secs_f64() * 1e3);
+            if !more {
+                break;
+            }
         }
         if ts - day_logged >= DAY_MS {
             day_logged = ts;
@@ -222,6 +238,7 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
         store_bytes: store_bytes(&path),
         tick_all: tick_times(ticks),
         tick_last_day: tick_times(ticks_last_day),
+        upkeep_step: tick_times(upkeep),
     })
 }
 

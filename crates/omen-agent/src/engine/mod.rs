@@ -184,7 +184,6 @@ impl Engine {
         self.publish_forecasts(now_ms, &forecasts, &mut out);
         self.track_level(now_ms, level, &contributors, &forecasts);
         self.store.insert(&out)?;
-        self.compact(now_ms)?;
         self.apply_retention(now_ms)?;
         self.evict_idle(now_ms);
         self.refresh_explanation(now_ms)?;
