@@ -114,11 +114,12 @@ lint: setup-rust setup-torch
 fmt:
 	$(CARGO) fmt --all
 
-## bench: criterion benchmarks of every crate
+## bench: criterion benchmarks of every crate, the agent's cost (bench-agent.sh) and a 5-minute soak at 10x that load
 bench: setup-rust setup-apt setup-torch
 	$(CARGO) bench --workspace
 	bash scripts/bench-agent.sh
 	BENCH_LEAN=1 bash scripts/bench-agent.sh
+	SOAK_SECONDS=300 BENCH_NO_BUILD=1 bash scripts/bench-scale.sh soak
 
 ## fixtures: regenerate the reference vectors from sacreBLEU, numpy, pandas and scipy
 fixtures: setup-python

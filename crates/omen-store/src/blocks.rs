@@ -487,8 +487,11 @@ mod tests {
 
     const T0: i64 = 1_793_577_600_000; // a UTC midnight
 
-    /// Both series' raw and minute means per 10 minutes, and their day aggregates.
-    fn views(store: &Store, until: i64) -> (Vec<RangeSeries>, Vec<RangeSeries>, Vec<(i64, f64, f64, f64)>) {
+    /// Raw and minute means per 10 minutes, and (count, mean, p50, p99) of each day aggregate.
+    type Views = (Vec<RangeSeries>, Vec<RangeSeries>, Vec<(i64, f64, f64, f64)>);
+
+    /// Both series' views.
+    fn views(store: &Store, until: i64) -> Views {
         let all = BTreeMap::new();
         let raw = store.range("kvf_ratio", &all, T0, until, 600_000, Resolution::Raw).unwrap();
         let minute = store.range("kvf_ratio", &all, T0, until, 600_000, Resolution::Minute).unwrap();
