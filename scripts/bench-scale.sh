@@ -116,13 +116,14 @@ history() {
         log "no $store: filling ${days} days of history first (omen fill-history; progress once a simulated day)"
         RUST_LOG=info "$OMEN" fill-history --days "$days" --store "$store" -o "$report" >&2
     fi
-    [[ -f $report ]] || die "$report (the fill-history report of $store) is missing"
+    # A fill stopped before its end leaves no report: the store is measured, tick times are not.
+    [[ -f $report ]] || { log "no $report (fill stopped early?): tick times are not reported"; report=none; }
     log "copying $store (the agent writes to its copy)"
     mkdir -p "$TMP/store"
     cp "$store" "$TMP/store/omen.db"
     for suffix in -wal -shm; do [[ -f $store$suffix ]] && cp "$store$suffix" "$TMP/store/omen.db$suffix"; done
     local bytes
-    bytes=$(python3 -c "import json; print(json.load(open('$report'))['store_bytes'])")
+    bytes=$(python3 -c "import os; print(sum(os.path.getsize('$TMP/store/omen.db' + s) for s in ('', '-wal', '-shm') if os.path.exists('$TMP/store/omen.db' + s)))")
 
     local starts=()
     for i in 1 2 3; do
@@ -158,7 +159,7 @@ EOF
     python3 - "$OUT" "$report" "$TMP/wrk.txt" "${starts[*]}" "$bytes" "$points" <<'EOF'
 import json, re, sys
 out, report, wrk_txt, starts, size, points = sys.argv[1:7]
-fill = json.load(open(report))
+fill = json.load(open(report)) if report != "none" else None
 text = open(wrk_txt).read()
 def ms(label):
     m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
@@ -169,23 +170,26 @@ rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
 non2xx = int((re.search(r"Non-2xx or 3xx responses: (\d+)", text) or [0, 0])[1])
 starts = [float(s) for s in starts.split()]
 size_gb = int(size) / 1e9
-tick = fill["tick_all"]
-targets = {
-    "store_size_gb": (round(size_gb, 3), "<= 2", size_gb <= 2.0),
-    "tick_p99_ms": (tick["p99_ms"], "<= 50", tick["p99_ms"] <= 50),
-    "tick_max_ms": (tick["max_ms"], "(<= 50 at p99)", True),
-    "startup_s_max_of_3": (max(starts), "<= 2", max(starts) <= 2.0),
-    "scores_14d_p99_ms": (p99, "< 10", p99 < 10 and non2xx == 0),
-}
+targets = {"store_size_gb": (round(size_gb, 3), "<= 2", size_gb <= 2.0)}
+if fill:
+    tick = fill["tick_all"]
+    targets["tick_p99_ms"] = (tick["p99_ms"], "<= 50", tick["p99_ms"] <= 50)
+    targets["tick_max_ms"] = (tick["max_ms"], "(<= 50 at p99)", True)
+targets["startup_s_max_of_3"] = (max(starts), "<= 2", max(starts) <= 2.0)
+targets["scores_14d_p99_ms"] = (p99, "< 10", p99 < 10 and non2xx == 0)
 summary = {"mode": "history", "fill": fill, "startup_s": starts,
            "scores_14d": {"p50_ms": p50, "p99_ms": p99, "rps": rps, "non_2xx": non2xx, "connections": 200,
                           "answer": points, "query": "/scores?signal=kvf_ratio&gpu=<random>&layer=<random>&since=now-14d&step=1h"},
            "targets": {k: {"value": v, "target": t, "verdict": "MET" if ok else "NOT MET"} for k, (v, t, ok) in targets.items()}}
 json.dump(summary, open(out, "w"), indent=2)
-print(f"\nhistory: {fill['days']} days of {fill['gpus']} GPUs x {fill['layers']} layers every {fill['period_s']:.0f} s, {fill['series']} series, filled in {fill['fill_seconds']:.0f} s")
+if fill:
+    print(f"\nhistory: {fill['days']} days of {fill['gpus']} GPUs x {fill['layers']} layers every {fill['period_s']:.0f} s, {fill['series']} series, filled in {fill['fill_seconds']:.0f} s")
+else:
+    print("\nhistory: a store without its fill report (tick times not reported)")
 for k, (v, t, ok) in targets.items():
     print(f"  {k:<22} {v:>10}  target {t:<16} {'MET' if ok else 'NOT MET'}")
-print(f"  upkeep step (compaction between batches): p50 {fill['upkeep_step']['p50_ms']:.1f} ms, p99 {fill['upkeep_step']['p99_ms']:.1f} ms, max {fill['upkeep_step']['max_ms']:.1f} ms")
+if fill:
+    print(f"  upkeep step (compaction between batches): p50 {fill['upkeep_step']['p50_ms']:.1f} ms, p99 {fill['upkeep_step']['p99_ms']:.1f} ms, max {fill['upkeep_step']['max_ms']:.1f} ms")
 print(f"  14-day query: p50 {p50:.2f} ms, {rps:.0f} req/s, answer {points}")
 print(f"JSON: {out}")
 sys.exit(0 if all(ok for _, _, ok in targets.values()) else 1)
