@@ -78,28 +78,10 @@ PUSH=$TARGET_DIR/release/omen-push-load
 [[ -x $OMEN && -x $PUSH ]] || die "missing $OMEN or $PUSH (build failed?)"
 
 # ---------------------------------------------------------------- process bookkeeping
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/omen-bench.XXXXXX")
-PIDS=()
-cleanup() {
-    local rc=$?
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        # Give each up to 5 s, then force it.
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$TMP"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
+# TMP, PIDS (stopped on exit), free_port, cpu_ticks, status_kb, now_s.
+NAME=bench-agent
+# shellcheck source=scripts/bench-lib.sh
+source scripts/bench-lib.sh
 
 # ---------------------------------------------------------------- agent
 PORT=$(free_port)
@@ -126,18 +108,6 @@ done
 curl -fsS -o /dev/null "$URL/readyz" || { cat "$TMP/omen.log" >&2; die "/readyz not 200 after 30 s"; }
 
 # ---------------------------------------------------------------- samplers
-cpu_ticks() { # utime + stime of $1, clock ticks (fields after the parenthesised comm)
-    local stat
-    stat=$(<"/proc/$1/stat") || return 1
-    stat=${stat##*) }
-    # shellcheck disable=SC2086
-    set -- $stat
-    echo $(( ${12} + ${13} ))
-}
-status_kb() { # VmRSS / VmHWM of $1 in kB
-    awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"
-}
-now_s() { date +%s.%N; }
 
 # Idle cost (no pushes yet): 5 s.
 I0=$(now_s); IC0=$(cpu_ticks "$AGENT")
