@@ -658,6 +658,28 @@ mod tests {
     }
 
     #[test]
+    fn retention_after_a_long_outage_deletes_in_bounded_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        // One more raw block than a call deletes: 2561 series with an hour each.
+        let n = crate::RETENTION_BLOCKS_PER_CALL + 1;
+        let batch: Vec<_> = (0..n).map(|i| sample(T0, "kvf_ratio", &i.to_string(), 1.0)).collect();
+        store.insert(&batch).unwrap();
+        store.flush().unwrap();
+        store.compact_all(T0 + DAY_MS).unwrap();
+        let blocks = |store: &Store| -> i64 {
+            store.reader().query_row("SELECT COUNT(*) FROM sample_blocks", [], |r| r.get(0)).unwrap()
+        };
+        assert_eq!(blocks(&store), n as i64);
+        let later = T0 + 30 * DAY_MS;
+        let first = store.apply_retention(later, 1, 60, 400).unwrap();
+        assert!(first >= crate::RETENTION_BLOCKS_PER_CALL, "{first}: the bound was reached");
+        assert_eq!(blocks(&store), 1, "one block left for the next call");
+        store.apply_retention(later, 1, 60, 400).unwrap();
+        assert_eq!(blocks(&store), 0);
+    }
+
+    #[test]
     fn blocks_round_trip_exactly() {
         let raw = RawBlock {
             ts: (0..360).map(|i| 1_793_577_600_000 + i * 10_000).collect(),

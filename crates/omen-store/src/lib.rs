@@ -39,7 +39,7 @@ pub use check::{bad_file, BadStoreFile};
 /// One day in milliseconds (re-exported so that users of the store need not name omen-signals).
 pub use omen_signals::DAY_MS;
 pub use query::{DayAggregate, RangeSeries, Resolution};
-pub use retention::RollUp;
+pub use retention::{RollUp, RETENTION_BLOCKS_PER_CALL};
 
 /// A write error as a user reads it: a full disk (or a store past its size) names the file
 /// and what to do; anything else is the error's chain.

@@ -10,6 +10,10 @@ use rusqlite::params;
 use crate::blocks::{newest_raw_ts, raw_from_blocks, MINUTE_BLOCK_MS, RAW_BLOCK_MS};
 use crate::Store;
 
+/// Blocks of each tier one [`Store::apply_retention`] call deletes at most: an hour of
+/// raw blocks of 8 GPUs x 80 layers (values and anomaly scores).
+pub const RETENTION_BLOCKS_PER_CALL: usize = 2560;
+
 /// What one [`Store::roll_up_day`] call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RollUp {
@@ -87,7 +91,10 @@ impl Store {
         Ok(RollUp { written, visited, next_id })
     }
 
-    /// Deletes raw samples, minute and day aggregates older than their retention, relative to `now_ms`.
+    /// Deletes raw samples, minute and day aggregates older than their retention, relative to
+    /// `now_ms`; at most [`RETENTION_BLOCKS_PER_CALL`] blocks of each tier per call, so that
+    /// a call after a long outage (weeks of blocks past the cutoff at once) holds the writer
+    /// briefly: a return value of at least that many means more may be left for the next call.
     pub fn apply_retention(
         &self,
         now_ms: i64,
@@ -100,8 +107,8 @@ impl Store {
         let mut n = w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [raw_cutoff])?;
         // A block goes once all of its span is past the cutoff.
         n += w.conn.execute(
-            "DELETE FROM sample_blocks WHERE start_ms <= ?1",
-            [raw_cutoff.saturating_sub(RAW_BLOCK_MS)],
+            "DELETE FROM sample_blocks WHERE rowid IN (SELECT rowid FROM sample_blocks WHERE start_ms <= ?1 LIMIT ?2)",
+            params![raw_cutoff.saturating_sub(RAW_BLOCK_MS), RETENTION_BLOCKS_PER_CALL as i64],
         )?;
         let minute_cutoff = now_ms - minute_days as i64 * DAY_MS;
         // minute_agg has no index by time: scan it only when a row can be past the cutoff.
@@ -109,8 +116,8 @@ impl Store {
             n += w.conn.execute("DELETE FROM minute_agg WHERE minute_ms < ?1", [minute_cutoff])?;
         }
         n += w.conn.execute(
-            "DELETE FROM minute_blocks WHERE start_ms <= ?1",
-            [minute_cutoff.saturating_sub(MINUTE_BLOCK_MS)],
+            "DELETE FROM minute_blocks WHERE rowid IN (SELECT rowid FROM minute_blocks WHERE start_ms <= ?1 LIMIT ?2)",
+            params![minute_cutoff.saturating_sub(MINUTE_BLOCK_MS), RETENTION_BLOCKS_PER_CALL as i64],
         )?;
         // Logged samples of minutes past retention would only rebuild them after a crash.
         w.conn.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [minute_cutoff])?;
