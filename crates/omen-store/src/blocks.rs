@@ -8,7 +8,7 @@
 //! Reads merge both. A block and the rows of its span are disjoint sets of samples (rows
 //! there are late samples that came after the block was written), so sums and counts
 //! add; the next compaction folds such rows into the block. Compaction is bounded per call
-//! ([`Store::compact`]) so that the caller's tick stays short.
+//! ([`Store::compact`]) so that a batch waiting behind it waits briefly.
 
 use anyhow::{Context, Result};
 use omen_signals::MINUTE_MS;
@@ -219,6 +219,22 @@ pub(crate) enum Tier {
     Minute,
 }
 
+impl Tier {
+    /// The span of one block of this tier.
+    fn span(self) -> i64 {
+        match self {
+            Tier::Raw => RAW_BLOCK_MS,
+            Tier::Minute => MINUTE_BLOCK_MS,
+        }
+    }
+
+    /// The start of the span holding a row at `t`, if that span ends by `limit` (is sealed).
+    fn sealed_span(self, t: i64, limit: i64) -> Option<i64> {
+        let start = span_start(t, self.span());
+        (start + self.span() <= limit).then_some(start)
+    }
+}
+
 /// What one [`Store::compact`] call did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Compaction {
@@ -321,8 +337,9 @@ fn oldest_row(tx: &Transaction<'_>, tier: Tier, id: i64) -> Result<Option<i64>> 
 impl Store {
     /// Moves sealed rows (spans ending [`SEAL_LAG_MS`] before `now_ms`, event time) into
     /// compressed blocks, at most `max_blocks` blocks per call, oldest spans first, in one
-    /// transaction. Call it regularly (the engine does, every tick); what is not sealed yet
-    /// is read from rows meanwhile, so this only bounds the store's size, never what a query sees.
+    /// transaction. Call it regularly (the agent's pipeline does, between batches); what is
+    /// not sealed yet is read from rows meanwhile, so this only bounds the store's size, never
+    /// what a query sees.
     pub fn compact(&self, now_ms: i64, max_blocks: usize) -> Result<Compaction> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let sealed = now_ms.saturating_sub(SEAL_LAG_MS);
@@ -330,17 +347,11 @@ impl Store {
         for (id, m) in w.minutes.iter() {
             // The open minute's raw rows stay rows: crash recovery rebuilds it from them.
             let raw_limit = m.open.map_or(sealed, |(minute, _)| sealed.min(minute));
-            if let Some(t) = m.oldest_raw_row {
-                let start = span_start(t, RAW_BLOCK_MS);
-                if start + RAW_BLOCK_MS <= raw_limit {
-                    work.push((start, Tier::Raw, id));
-                }
+            if let Some(start) = m.oldest_raw_row.and_then(|t| Tier::Raw.sealed_span(t, raw_limit)) {
+                work.push((start, Tier::Raw, id));
             }
-            if let Some(t) = m.oldest_minute_row {
-                let start = span_start(t, MINUTE_BLOCK_MS);
-                if start + MINUTE_BLOCK_MS <= sealed {
-                    work.push((start, Tier::Minute, id));
-                }
+            if let Some(start) = m.oldest_minute_row.and_then(|t| Tier::Minute.sealed_span(t, sealed)) {
+                work.push((start, Tier::Minute, id));
             }
         }
         let mut done = Compaction { pending: work.len() > max_blocks, ..Compaction::default() };
@@ -367,10 +378,7 @@ impl Store {
                 Tier::Minute => m.oldest_minute_row = oldest,
             }
             // More sealed spans of this series (a backlog) mean more work for the next call.
-            done.pending |= oldest.is_some_and(|t| match tier {
-                Tier::Raw => span_start(t, RAW_BLOCK_MS) + RAW_BLOCK_MS <= sealed,
-                Tier::Minute => span_start(t, MINUTE_BLOCK_MS) + MINUTE_BLOCK_MS <= sealed,
-            });
+            done.pending |= oldest.and_then(|t| tier.sealed_span(t, sealed)).is_some();
         }
         self.changed();
         Ok(done)
@@ -393,10 +401,13 @@ impl Store {
 /// The newest raw time stamp stored, in rows or in blocks.
 pub(crate) fn newest_raw_ts(conn: &rusqlite::Connection) -> Result<Option<i64>> {
     let in_rows: Option<i64> = conn.query_row("SELECT MAX(ts_ms) FROM samples", [], |r| r.get(0))?;
-    // Blocks are whole spans: only the newest span's blocks can hold a newer sample.
+    // Blocks are whole spans: only the newest span's blocks can hold a newer sample, and
+    // only when no row lies past that span's end (the usual case has rows there).
     let newest_start: Option<i64> =
         conn.query_row("SELECT MAX(start_ms) FROM sample_blocks", [], |r| r.get(0))?;
-    let Some(start) = newest_start else { return Ok(in_rows) };
+    let Some(start) = newest_start.filter(|&s| in_rows.is_none_or(|t| t < s + RAW_BLOCK_MS)) else {
+        return Ok(in_rows);
+    };
     let mut newest = in_rows;
     raw_from_all_blocks_at(conn, start, |ts| newest = Some(newest.map_or(ts, |n: i64| n.max(ts))))?;
     Ok(newest)
@@ -407,7 +418,7 @@ pub(crate) fn oldest_raw_ts(conn: &rusqlite::Connection) -> Result<Option<i64>> 
     let in_rows: Option<i64> = conn.query_row("SELECT MIN(ts_ms) FROM samples", [], |r| r.get(0))?;
     let oldest_start: Option<i64> =
         conn.query_row("SELECT MIN(start_ms) FROM sample_blocks", [], |r| r.get(0))?;
-    let Some(start) = oldest_start else { return Ok(in_rows) };
+    let Some(start) = oldest_start.filter(|&s| in_rows.is_none_or(|t| t >= s)) else { return Ok(in_rows) };
     let mut oldest = in_rows;
     raw_from_all_blocks_at(conn, start, |ts| oldest = Some(oldest.map_or(ts, |o: i64| o.min(ts))))?;
     Ok(oldest)
