@@ -104,7 +104,7 @@ fn insert_batch(
     keep_raw: &[bool],
     ids: &mut [Option<SeriesId>],
 ) -> Result<()> {
-    let Writer { conn, series_ids, minutes, newest_minute, .. } = w;
+    let Writer { conn, series_ids, minutes, newest_minute, open_view, .. } = w;
     let tx = conn.transaction()?;
     // Decimated samples folded into open minutes, for minute_log (see the module doc).
     let mut logged: Vec<u8> = Vec::new();
@@ -187,7 +187,13 @@ fn insert_batch(
                 .execute(params![logged_minute, logged])?;
         }
     }
+    // Readers see the batch's rows and its open minutes together (see OpenView).
+    let mut view = open_view.write().unwrap_or_else(|e| e.into_inner());
     tx.commit()?;
+    for (id, _) in undo.iter() {
+        view.set(*id, minutes.get(*id).and_then(|m| m.open));
+    }
+    drop(view);
     *newest_minute = (*newest_minute).max(batch_newest_minute);
     Ok(())
 }

@@ -26,12 +26,12 @@ mod test_util;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use anyhow::{Context, Result};
 use rusqlite::Connection;
 
-use minutes::{flush_open_minutes, read_minute_log, recover_minutes, MinuteTable};
+use minutes::{flush_open_minutes, read_minute_log, recover_minutes, MinuteTable, OpenView};
 use query::{Catalog, PooledReader, ReaderPool};
 
 pub use blocks::Compaction;
@@ -79,6 +79,8 @@ pub struct Store {
     latest_stored_ts: AtomicI64,
     /// Bumped after every committed change, so readers can cache what they read.
     generation: AtomicU64,
+    /// The committed open minutes, read by range queries without the writer's lock.
+    open_view: Arc<RwLock<OpenView>>,
 }
 
 /// The writer connection and the state only writes change, behind one lock.
@@ -90,6 +92,8 @@ struct Writer {
     newest_minute: i64,
     /// Open minutes before this one have been written and their log rows deleted.
     log_floor: i64,
+    /// The store's [`OpenView`]: every commit that changes `minutes[..].open` publishes it here.
+    open_view: Arc<RwLock<OpenView>>,
 }
 
 impl Store {
@@ -144,6 +148,7 @@ impl Store {
         }
         let latest = blocks::newest_raw_ts(&conn)?;
         let readers = ReaderPool::open(path)?;
+        let open_view = Arc::new(RwLock::new(OpenView::of(&minutes)));
         Ok(Self {
             path: path.to_owned(),
             writer: Mutex::new(Writer {
@@ -152,11 +157,13 @@ impl Store {
                 minutes,
                 newest_minute: i64::MIN,
                 log_floor: i64::MIN,
+                open_view: open_view.clone(),
             }),
             readers,
             catalog: RwLock::new(catalog),
             latest_stored_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
             generation: AtomicU64::new(0),
+            open_view,
         })
     }
 

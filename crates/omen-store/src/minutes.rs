@@ -104,9 +104,41 @@ impl MinuteTable {
         self.0.iter().enumerate().map(|(i, m)| (i as i64, m))
     }
 
-    /// Every series' state, for changes that need no id.
-    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut SeriesMinutes> {
-        self.0.iter_mut()
+    /// Every series' state with its id, to change.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (i64, &mut SeriesMinutes)> {
+        self.0.iter_mut().enumerate().map(|(i, m)| (i as i64, m))
+    }
+}
+
+/// The open minute of every series as of the last commit, indexed by series id: what a
+/// range query adds to the rows of its snapshot. It lives outside the writer's lock so
+/// that a query never waits for a batch; a commit that changes open minutes happens while
+/// its write lock is held, and a query starts its snapshot under the read lock, so that
+/// a minute written meanwhile is counted exactly once (as a row or as open, never both).
+#[derive(Default)]
+pub(crate) struct OpenView(Vec<Option<(i64, MinuteFold)>>);
+
+impl OpenView {
+    /// The committed open minute of series `id`, if any.
+    pub(crate) fn get(&self, id: i64) -> Option<(i64, MinuteFold)> {
+        usize::try_from(id).ok().and_then(|i| self.0.get(i)).copied().flatten()
+    }
+
+    /// Publishes the open minute of series `id` (called with a commit, under the write lock).
+    pub(crate) fn set(&mut self, id: i64, open: Option<(i64, MinuteFold)>) {
+        let i = usize::try_from(id).expect("series ids are rowids >= 1");
+        if i >= self.0.len() {
+            if open.is_none() {
+                return;
+            }
+            self.0.resize(i + 1, None);
+        }
+        self.0[i] = open;
+    }
+
+    /// The view of every series' open minute in `table`.
+    pub(crate) fn of(table: &MinuteTable) -> Self {
+        Self(table.0.iter().map(|m| m.open).collect())
     }
 }
 
@@ -248,6 +280,7 @@ fn write_open_minutes(w: &mut Writer, before: i64) -> Result<usize> {
         }
     }
     tx.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [before])?;
+    let mut view = w.open_view.write().unwrap_or_else(|e| e.into_inner());
     tx.commit()?;
     for &id in &closed {
         let m = w.minutes.slot(id);
@@ -255,6 +288,7 @@ fn write_open_minutes(w: &mut Writer, before: i64) -> Result<usize> {
             m.newest_row = Some(minute);
             m.note_minute_row(minute);
         }
+        view.set(id, None);
     }
     Ok(closed.len())
 }

@@ -222,6 +222,29 @@ impl Store {
         step_ms: i64,
         resolution: Resolution,
     ) -> Result<Vec<RangeSeries>> {
+        let series = self.range_buckets(signal, matchers, since_ms, until_ms, step_ms, resolution)?;
+        Ok(series
+            .into_iter()
+            .map(|(labels, buckets)| RangeSeries {
+                labels,
+                points: buckets
+                    .into_iter()
+                    .map(|(b, sum, count)| (since_ms + b * step_ms, sum / count as f64))
+                    .collect(),
+            })
+            .collect())
+    }
+
+    /// [`Store::range`] before the means: each series' non-empty buckets as (bucket index, sum, count).
+    fn range_buckets(
+        &self,
+        signal: &str,
+        matchers: &BTreeMap<String, String>,
+        since_ms: i64,
+        until_ms: i64,
+        step_ms: i64,
+        resolution: Resolution,
+    ) -> Result<Vec<(BTreeMap<String, String>, Vec<(i64, f64, i64)>)>> {
         let selected: Vec<(i64, BTreeMap<String, String>)> = {
             let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
             matching(&catalog, signal, matchers).cloned().collect()
@@ -234,12 +257,12 @@ impl Store {
         let tx = conn.unchecked_transaction()?;
         let mut open: HashMap<i64, (i64, MinuteFold)> = HashMap::new();
         if resolution == Resolution::Minute {
-            // The open minutes live in the writer: take them together with the start of
-            // the snapshot, so that a minute flushed meanwhile is counted exactly once.
-            let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            // The committed open minutes, taken together with the start of the snapshot
+            // so that a minute written meanwhile is counted exactly once (see OpenView).
+            let view = self.open_view.read().unwrap_or_else(|e| e.into_inner());
             tx.query_row("SELECT COUNT(*) FROM meta", [], |r| r.get::<_, i64>(0))?;
             for (id, _) in &selected {
-                if let Some(o) = w.minutes.get(*id).and_then(|m| m.open) {
+                if let Some(o) = view.get(*id) {
                     if o.0 >= since_ms && o.0 < until_ms {
                         open.insert(*id, o);
                     }
@@ -291,14 +314,9 @@ impl Store {
                     Err(i) => buckets.insert(i, (bucket, fold.sum, fold.count)),
                 }
             }
-            if buckets.is_empty() {
-                continue;
+            if !buckets.is_empty() {
+                out.push((labels, buckets));
             }
-            let points = buckets
-                .into_iter()
-                .map(|(b, sum, count)| (since_ms + b * step_ms, sum / count as f64))
-                .collect();
-            out.push(RangeSeries { labels, points });
         }
         Ok(out)
     }
@@ -381,5 +399,62 @@ mod tests {
         assert!(q(&[("layer", "7")]).is_empty());
         assert!(q(&[("pool", "a")]).is_empty());
         assert_eq!(store.latest_ts().unwrap(), Some(t0));
+    }
+
+    #[test]
+    fn minute_queries_answer_while_a_batch_holds_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(Store::open(&dir.path().join("omen.db")).unwrap());
+        let t0 = 1_793_577_600_000;
+        store.insert(&(0..90).map(|i| sample(t0 + i * 1000, "kv", "0", 1.0)).collect::<Vec<_>>()).unwrap();
+        // A batch in progress holds the writer; the query must not need it.
+        let writer = store.writer.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = store.clone();
+        std::thread::spawn(move || {
+            let r =
+                reader.range("kv", &BTreeMap::new(), t0, t0 + 7 * 3_600_000, 3_600_000, Resolution::Minute);
+            tx.send(r.map(|s| s[0].points.clone())).unwrap();
+        });
+        // Generous: a query that waits for the writer never answers while it is held.
+        let points =
+            rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the query waited for the writer");
+        assert_eq!(points.unwrap(), vec![(t0, 1.0)]);
+        drop(writer);
+    }
+
+    #[test]
+    fn queries_during_writes_count_every_committed_sample_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(Store::open(&dir.path().join("omen.db")).unwrap());
+        let t0 = 1_793_577_600_000;
+        const BATCH: i64 = 7;
+        const BATCHES: i64 = 600;
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for b in 0..BATCHES {
+                    // Sample i has value i: a snapshot holds a prefix of them, whose sum is known.
+                    let batch: Vec<Sample> = (b * BATCH..(b + 1) * BATCH)
+                        .map(|i| sample(t0 + i * 1000, "kv", "0", i as f64))
+                        .collect();
+                    store.insert(&batch).unwrap();
+                }
+            })
+        };
+        let until = t0 + BATCH * BATCHES * 1000;
+        let mut seen = 0;
+        while !writer.is_finished() || seen == 0 {
+            let series = store
+                .range_buckets("kv", &BTreeMap::new(), t0, until, until - t0, Resolution::Minute)
+                .unwrap();
+            let Some((_, buckets)) = series.first() else { continue };
+            let (sum, count) = (buckets[0].1, buckets[0].2);
+            assert_eq!(count % BATCH, 0, "a batch is seen whole or not at all");
+            assert_eq!(sum, (count * (count - 1) / 2) as f64, "{count} samples: each once, none missing");
+            seen += 1;
+        }
+        writer.join().unwrap();
+        assert!(seen > 0);
     }
 }

@@ -122,10 +122,18 @@ impl Store {
         // Logged samples of minutes past retention would only rebuild them after a crash.
         w.conn.execute("DELETE FROM minute_log WHERE minute_ms < ?1", [minute_cutoff])?;
         // An open minute past retention goes too (it would be written only to be deleted).
-        for m in w.minutes.values_mut() {
+        let mut dropped = Vec::new();
+        for (id, m) in w.minutes.iter_mut() {
             if m.open.is_some_and(|(minute, _)| minute < minute_cutoff) {
                 m.open = None;
-                n += 1;
+                dropped.push(id);
+            }
+        }
+        n += dropped.len();
+        if !dropped.is_empty() {
+            let mut view = w.open_view.write().unwrap_or_else(|e| e.into_inner());
+            for id in dropped {
+                view.set(id, None);
             }
         }
         n += w.conn.execute("DELETE FROM day_agg WHERE day_ms < ?1", [now_ms - day_days as i64 * DAY_MS])?;
