@@ -66,8 +66,10 @@ setup-llm: setup-apt
 build: setup-rust setup-torch
 	$(CARGO) build --release -p omen-cli -p omen-worker
 
-## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1)
-run: build
+## run: the agent's main job on the embedded default (recorded trace, local store, HTTP on 127.0.0.1).
+## The demo configures no model, so it builds `omen` only: no libtorch, no omen-worker.
+run: setup-rust
+	$(CARGO) build --release -p omen-cli
 	target/release/omen run --config $(OMEN_CONFIG)
 
 ## test: every test (unit, property, reference vectors, integration, rules, dashboards, manifests)

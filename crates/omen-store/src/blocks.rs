@@ -25,8 +25,22 @@ pub(crate) const MINUTE_BLOCK_MS: i64 = 6 * 3_600_000;
 /// in rows, and a series' open minute is never sealed (crash recovery rebuilds it from rows).
 pub(crate) const SEAL_LAG_MS: i64 = 10 * MINUTE_MS;
 
-/// Version byte at the start of every block; a block of another version is refused, not misread.
-const BLOCK_FORMAT: u8 = 1;
+/// Version byte at the start of a raw block; a block of another version is refused, not misread.
+const RAW_BLOCK_FORMAT: u8 = 1;
+/// Version byte of the minute blocks this omen writes: format 2 puts the block's hour sums
+/// before its columns, so that a query at a step of an hour or more reads them without
+/// decoding a column. Format 1 blocks (no hour sums) are still read.
+const MINUTE_BLOCK_FORMAT: u8 = 2;
+/// The minute block formats this omen reads.
+const MINUTE_BLOCK_FORMATS: &[u8] = &[1, MINUTE_BLOCK_FORMAT];
+
+/// One hour.
+pub(crate) const HOUR_MS: i64 = 3_600_000;
+
+/// The (count, sum) of a block's minutes by the hour they start in: (hour start, count, sum).
+pub(crate) type HourSum = (i64, i64, f64);
+/// Bytes of one hour sum in a format-2 minute block: hour start, count (i64 LE), sum (f64 LE).
+const HOUR_SUM_BYTES: usize = 24;
 
 /// Start of the span of `span_ms` that `ts_ms` falls in (floor, also before 1970).
 pub(crate) fn span_start(ts_ms: i64, span_ms: i64) -> i64 {
@@ -95,29 +109,67 @@ fn take_column<T: pco::data_types::Number>(data: &mut &[u8], n: usize) -> Result
 }
 
 /// The header of a block: format byte and number of entries.
-fn put_header(out: &mut Vec<u8>, n: usize) -> Result<()> {
-    out.push(BLOCK_FORMAT);
+fn put_header(out: &mut Vec<u8>, format: u8, n: usize) -> Result<()> {
+    out.push(format);
     out.extend_from_slice(&u32::try_from(n).context("a block over 2^32 entries")?.to_le_bytes());
     Ok(())
 }
 
-/// Reads a block header: the number of entries.
-fn take_header(data: &mut &[u8]) -> Result<usize> {
+/// Reads a block header of one of the `formats`: (format, number of entries).
+fn take_header(data: &mut &[u8], formats: &[u8]) -> Result<(u8, usize)> {
     let (&format, rest) = data.split_first().context("an empty block")?;
     anyhow::ensure!(
-        format == BLOCK_FORMAT,
-        "a block of format {format}; this omen reads format {BLOCK_FORMAT}"
+        formats.contains(&format),
+        "a block of format {format}; this omen reads formats {formats:?}"
     );
     let (n, rest) = rest.split_first_chunk::<4>().context("a block cut short in its header")?;
     *data = rest;
-    Ok(u32::from_le_bytes(*n) as usize)
+    Ok((format, u32::from_le_bytes(*n) as usize))
+}
+
+/// Appends the hour sums of a format-2 minute block: their number (u8), then each.
+fn put_hour_sums(out: &mut Vec<u8>, hours: &[HourSum]) -> Result<()> {
+    out.push(u8::try_from(hours.len()).context("a minute block over 255 hours")?);
+    for &(hour, count, sum) in hours {
+        out.extend_from_slice(&hour.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+        out.extend_from_slice(&sum.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Reads the hour sums written by [`put_hour_sums`].
+fn take_hour_sums(data: &mut &[u8]) -> Result<Vec<HourSum>> {
+    let (&n, rest) = data.split_first().context("a minute block cut short before its hour sums")?;
+    let len = n as usize * HOUR_SUM_BYTES;
+    anyhow::ensure!(rest.len() >= len, "a minute block cut short inside its hour sums");
+    let (bytes, rest) = rest.split_at(len);
+    *data = rest;
+    Ok(bytes
+        .chunks_exact(HOUR_SUM_BYTES)
+        .map(|e| {
+            let word = |i: usize| <[u8; 8]>::try_from(&e[i * 8..i * 8 + 8]).expect("8 bytes");
+            (i64::from_le_bytes(word(0)), i64::from_le_bytes(word(1)), f64::from_le_bytes(word(2)))
+        })
+        .collect())
+}
+
+/// Adds (count, sum) to hour `hour` of `hours`, whose hours come in nondecreasing order.
+fn add_to_hour(hours: &mut Vec<HourSum>, hour: i64, count: i64, sum: f64) {
+    match hours.last_mut() {
+        Some(last) if last.0 == hour => {
+            last.1 += count;
+            last.2 += sum;
+        }
+        _ => hours.push((hour, count, sum)),
+    }
 }
 
 impl RawBlock {
     /// The block's bytes: header, time stamps (i64), values (f64).
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(64 + self.ts.len() * 2);
-        put_header(&mut out, self.ts.len())?;
+        put_header(&mut out, RAW_BLOCK_FORMAT, self.ts.len())?;
         put_column(&mut out, &self.ts)?;
         put_column(&mut out, &self.values.iter().map(|&v| seal_value(v)).collect::<Vec<_>>())?;
         Ok(out)
@@ -125,7 +177,7 @@ impl RawBlock {
 
     /// A block from its bytes.
     pub(crate) fn decode(mut data: &[u8]) -> Result<Self> {
-        let n = take_header(&mut data)?;
+        let (_, n) = take_header(&mut data, &[RAW_BLOCK_FORMAT])?;
         let ts = take_column(&mut data, n)?;
         let values = take_column(&mut data, n)?;
         Ok(Self { ts, values })
@@ -155,10 +207,16 @@ impl RawBlock {
 }
 
 impl MinuteBlock {
-    /// The block's bytes: header, minutes and counts (i64), then sum, min, max (f64).
+    /// The block's bytes: header, hour sums, minutes and counts (i64), then sum, min, max (f64).
+    /// An hour's sum adds the sealed minute sums, so that hours and minutes agree.
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(64 + self.minutes.len() * 4);
-        put_header(&mut out, self.minutes.len())?;
+        let mut out = Vec::with_capacity(256 + self.minutes.len() * 4);
+        put_header(&mut out, MINUTE_BLOCK_FORMAT, self.minutes.len())?;
+        let mut hours = Vec::new();
+        for (&minute, f) in self.minutes.iter().zip(&self.folds) {
+            add_to_hour(&mut hours, span_start(minute, HOUR_MS), f.count, seal_value(f.sum));
+        }
+        put_hour_sums(&mut out, &hours)?;
         put_column(&mut out, &self.minutes)?;
         put_column(&mut out, &self.folds.iter().map(|f| f.count).collect::<Vec<_>>())?;
         for field in [|f: &MinuteFold| f.sum, |f: &MinuteFold| f.min, |f: &MinuteFold| f.max] {
@@ -167,9 +225,28 @@ impl MinuteBlock {
         Ok(out)
     }
 
+    /// The block's hour sums: read from a format-2 block, computed from the minutes of a
+    /// format-1 one.
+    pub(crate) fn hour_sums(mut data: &[u8]) -> Result<Vec<HourSum>> {
+        let whole = data;
+        let (format, _) = take_header(&mut data, MINUTE_BLOCK_FORMATS)?;
+        if format >= 2 {
+            return take_hour_sums(&mut data);
+        }
+        let block = Self::decode(whole)?;
+        let mut hours = Vec::new();
+        for (&minute, f) in block.minutes.iter().zip(&block.folds) {
+            add_to_hour(&mut hours, span_start(minute, HOUR_MS), f.count, f.sum);
+        }
+        Ok(hours)
+    }
+
     /// A block from its bytes.
     pub(crate) fn decode(mut data: &[u8]) -> Result<Self> {
-        let n = take_header(&mut data)?;
+        let (format, n) = take_header(&mut data, MINUTE_BLOCK_FORMATS)?;
+        if format >= 2 {
+            take_hour_sums(&mut data)?;
+        }
         let minutes = take_column(&mut data, n)?;
         let count: Vec<i64> = take_column(&mut data, n)?;
         let sum: Vec<f64> = take_column(&mut data, n)?;
@@ -488,6 +565,27 @@ pub(crate) fn minutes_from_blocks(
     Ok(())
 }
 
+/// The hour sums of series `id` for hours starting in [since, until) held in blocks, in time order.
+pub(crate) fn hours_from_blocks(
+    conn: &rusqlite::Connection,
+    id: i64,
+    since: i64,
+    until: i64,
+    mut each: impl FnMut(HourSum),
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT data FROM minute_blocks WHERE series_id = ?1 AND start_ms > ?2 AND start_ms < ?3 ORDER BY start_ms",
+    )?;
+    let mut q = stmt.query(params![id, since.saturating_sub(MINUTE_BLOCK_MS), until])?;
+    while let Some(r) = q.next()? {
+        let bytes = r.get_ref(0)?.as_blob()?;
+        let hours = MinuteBlock::hour_sums(bytes)
+            .with_context(|| format!("minute block of series {id} in the store"))?;
+        hours.into_iter().filter(|h| h.0 >= since && h.0 < until).for_each(&mut each);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -593,6 +691,112 @@ mod tests {
         let store = Store::open(&dir.path().join("omen.db")).unwrap();
         assert_eq!(store.latest_ts().unwrap(), Some(until - 30_000), "the newest raw sample (i = 357)");
         assert_close(&views(&store, until).1, &before.1);
+    }
+
+    /// Hour and minute answers of both series over [T0, until) at `step`, aligned to the hour.
+    fn hour_and_minute(store: &Store, until: i64, step: i64) -> (Vec<RangeSeries>, Vec<RangeSeries>) {
+        let all = BTreeMap::new();
+        (
+            store.range("kvf_ratio", &all, T0, until, step, Resolution::Hour).unwrap(),
+            store.range("kvf_ratio", &all, T0, until, step, Resolution::Minute).unwrap(),
+        )
+    }
+
+    #[test]
+    fn hour_resolution_agrees_with_minutes_on_whole_hours_in_rows_blocks_and_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        // Eight hours: the first six-hour span seals, the rest stays rows; the last minute is open.
+        for _ in 0..2 {
+            three_hours(&store);
+        }
+        let t = T0 + 6 * 3_600_000;
+        store
+            .insert(
+                &(0..720)
+                    .map(|i| sample(t + i * 10_000, "kvf_ratio", "0", (i % 13) as f64))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let until = t + 2 * 3_600_000;
+        let check = |what: &str| {
+            for step in [3_600_000, 7_200_000] {
+                let (hours, minutes) = hour_and_minute(&store, until, step);
+                assert!(!hours.is_empty() && hours[0].points.len() == minutes[0].points.len(), "{what}");
+                assert_close(&hours, &minutes);
+            }
+        };
+        check("rows and the open minute");
+        store.compact_all(t + 10 * MINUTE_MS).unwrap();
+        let blocks: i64 =
+            store.reader().query_row("SELECT COUNT(*) FROM minute_blocks", [], |r| r.get(0)).unwrap();
+        assert_eq!(blocks, 2);
+        check("blocks, rows and the open minute");
+        // Late samples of a sealed hour land in rows beside its block.
+        store.insert(&[sample(T0 + 5, "kvf_ratio", "1", 100.0)]).unwrap();
+        check("late rows beside a block");
+        store.flush().unwrap();
+        store.compact_all(until + DAY_MS).unwrap();
+        check("blocks only");
+    }
+
+    #[test]
+    fn each_hour_counts_in_the_bucket_its_start_falls_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        // Hour h holds the value h.
+        let batch: Vec<_> =
+            (0..6 * 60).map(|m| sample(T0 + m * MINUTE_MS, "kvf_ratio", "0", (m / 60) as f64)).collect();
+        store.insert(&batch).unwrap();
+        store.flush().unwrap();
+        store.compact_all(T0 + DAY_MS).unwrap();
+        let all = BTreeMap::new();
+        // Half past: the hour that starts before `since` is left out, and so is the one
+        // that starts at `until`; hours that straddle a bucket's end count where they start.
+        let since = T0 + 1_800_000;
+        let r =
+            store.range("kvf_ratio", &all, since, T0 + 5 * 3_600_000, 7_200_000, Resolution::Hour).unwrap();
+        assert_eq!(r[0].points, vec![(since, 1.5), (since + 7_200_000, 3.5)]);
+    }
+
+    #[test]
+    fn minute_blocks_of_format_1_still_read_at_every_resolution() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        three_hours(&store);
+        store.flush().unwrap();
+        store.compact_all(T0 + DAY_MS).unwrap();
+        let until = T0 + 3 * 3_600_000;
+        let (hours, minutes) = hour_and_minute(&store, until, 3_600_000);
+        // Rewrite every minute block as the previous release did: format 1, no hour sums.
+        {
+            let w = store.writer.lock().unwrap();
+            let blocks: Vec<(i64, Vec<u8>)> = w
+                .conn
+                .prepare("SELECT rowid, data FROM minute_blocks")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert_eq!(blocks.len(), 2);
+            for (rowid, data) in blocks {
+                let mut rest = &data[..];
+                let (format, _) = take_header(&mut rest, MINUTE_BLOCK_FORMATS).unwrap();
+                assert_eq!(format, 2);
+                take_hour_sums(&mut rest).unwrap();
+                let mut old = data[..5].to_vec();
+                old[0] = 1;
+                old.extend_from_slice(rest);
+                w.conn
+                    .execute("UPDATE minute_blocks SET data = ?1 WHERE rowid = ?2", params![old, rowid])
+                    .unwrap();
+            }
+        }
+        let (old_hours, old_minutes) = hour_and_minute(&store, until, 3_600_000);
+        assert_close(&old_hours, &hours);
+        assert_close(&old_minutes, &minutes);
+        assert_close(&old_hours, &minutes);
     }
 
     #[test]

@@ -10,7 +10,9 @@ use anyhow::Result;
 use omen_sources::SeriesKey;
 use rusqlite::{params, Connection};
 
-use crate::blocks::{minutes_from_blocks, oldest_raw_ts, raw_from_blocks};
+use crate::blocks::{
+    hours_from_blocks, minutes_from_blocks, oldest_raw_ts, raw_from_blocks, span_start, HOUR_MS,
+};
 use crate::minutes::MinuteFold;
 use crate::schema::open_connection;
 use crate::Store;
@@ -45,6 +47,9 @@ pub enum Resolution {
     Raw,
     /// Minute aggregates.
     Minute,
+    /// Hour sums of the minute aggregates: each hour counts in the bucket its start falls
+    /// in, and only hours that start in [since, until) count.
+    Hour,
     /// Day aggregates.
     Day,
 }
@@ -109,8 +114,14 @@ impl ReaderPool {
 /// Reader connections (WAL readers never wait for the writer).
 const READERS: usize = 4;
 
+/// One bucket of a range query before its mean: (bucket index, sum, count).
+type Bucket = (i64, f64, i64);
+
+/// A series' labels and its non-empty buckets in bucket order.
+type SeriesBuckets = (BTreeMap<String, String>, Vec<Bucket>);
+
 /// Adds (sum, count) to bucket `b` of `buckets`, whose buckets come in nondecreasing order.
-fn add_in_order(buckets: &mut Vec<(i64, f64, i64)>, b: i64, sum: f64, count: i64) {
+fn add_in_order(buckets: &mut Vec<Bucket>, b: i64, sum: f64, count: i64) {
     match buckets.last_mut() {
         Some(last) if last.0 == b => {
             last.1 += sum;
@@ -121,7 +132,7 @@ fn add_in_order(buckets: &mut Vec<(i64, f64, i64)>, b: i64, sum: f64, count: i64
 }
 
 /// Two bucket lists in bucket order, merged: the sums and counts of a bucket in both add.
-fn merge_buckets(a: Vec<(i64, f64, i64)>, b: Vec<(i64, f64, i64)>) -> Vec<(i64, f64, i64)> {
+fn merge_buckets(a: Vec<Bucket>, b: Vec<Bucket>) -> Vec<Bucket> {
     if a.is_empty() {
         return b;
     }
@@ -143,6 +154,11 @@ fn merge_buckets(a: Vec<(i64, f64, i64)>, b: Vec<(i64, f64, i64)>) -> Vec<(i64, 
         };
         out.push(next);
     }
+}
+
+/// `t` rounded up to a whole hour.
+fn ceil_hour(t: i64) -> i64 {
+    span_start(t.saturating_add(HOUR_MS - 1), HOUR_MS)
 }
 
 /// Every stored series of each signal, (id, labels) in id order, for range queries.
@@ -244,7 +260,7 @@ impl Store {
         until_ms: i64,
         step_ms: i64,
         resolution: Resolution,
-    ) -> Result<Vec<(BTreeMap<String, String>, Vec<(i64, f64, i64)>)>> {
+    ) -> Result<Vec<SeriesBuckets>> {
         let selected: Vec<(i64, BTreeMap<String, String>)> = {
             let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner());
             matching(&catalog, signal, matchers).cloned().collect()
@@ -252,18 +268,23 @@ impl Store {
         if selected.is_empty() {
             return Ok(Vec::new());
         }
+        // The minutes read: at hour resolution, those of the hours that start in [since, until).
+        let (lo, hi) = match resolution {
+            Resolution::Hour => (ceil_hour(since_ms), ceil_hour(until_ms)),
+            _ => (since_ms, until_ms),
+        };
         let conn = self.reader();
         // One read transaction: every series is read from the same committed snapshot.
         let tx = conn.unchecked_transaction()?;
         let mut open: HashMap<i64, (i64, MinuteFold)> = HashMap::new();
-        if resolution == Resolution::Minute {
+        if matches!(resolution, Resolution::Minute | Resolution::Hour) {
             // The committed open minutes, taken together with the start of the snapshot
             // so that a minute written meanwhile is counted exactly once (see OpenView).
             let view = self.open_view.read().unwrap_or_else(|e| e.into_inner());
             tx.query_row("SELECT COUNT(*) FROM meta", [], |r| r.get::<_, i64>(0))?;
             for (id, _) in &selected {
                 if let Some(o) = view.get(*id) {
-                    if o.0 >= since_ms && o.0 < until_ms {
+                    if o.0 >= lo && o.0 < hi {
                         open.insert(*id, o);
                     }
                 }
@@ -278,6 +299,10 @@ impl Store {
                 "SELECT (minute_ms - ?2) / ?4, SUM(sum), SUM(count) FROM minute_agg
                  WHERE series_id = ?1 AND minute_ms >= ?2 AND minute_ms < ?3 GROUP BY 1 ORDER BY 1"
             }
+            Resolution::Hour => {
+                "SELECT (minute_ms / 3600000 * 3600000 - ?2) / ?4, SUM(sum), SUM(count) FROM minute_agg
+                 WHERE series_id = ?1 AND minute_ms >= ?5 AND minute_ms < ?6 GROUP BY 1 ORDER BY 1"
+            }
             Resolution::Day => {
                 "SELECT (day_ms - ?2) / ?4, SUM(sum), SUM(count) FROM day_agg
                  WHERE series_id = ?1 AND day_ms >= ?2 AND day_ms < ?3 GROUP BY 1 ORDER BY 1"
@@ -287,7 +312,7 @@ impl Store {
         let mut out = Vec::new();
         for (id, labels) in selected {
             // Sealed history first (blocks), then the rows of the same buckets.
-            let mut sealed: Vec<(i64, f64, i64)> = Vec::new();
+            let mut sealed: Vec<Bucket> = Vec::new();
             let bucket = |ts: i64| (ts - since_ms) / step_ms;
             match resolution {
                 Resolution::Raw => raw_from_blocks(&tx, id, since_ms, until_ms, |ts, v| {
@@ -296,16 +321,24 @@ impl Store {
                 Resolution::Minute => minutes_from_blocks(&tx, id, since_ms, until_ms, |minute, f| {
                     add_in_order(&mut sealed, bucket(minute), f.sum, f.count)
                 })?,
+                Resolution::Hour => hours_from_blocks(&tx, id, lo, hi, |(hour, count, sum)| {
+                    add_in_order(&mut sealed, bucket(hour), sum, count)
+                })?,
                 Resolution::Day => {}
             }
-            let rows: Vec<(i64, f64, i64)> = stmt
-                .query_map(params![id, since_ms, until_ms, step_ms], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?
-                .collect::<rusqlite::Result<_>>()?;
+            let map_row = |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?));
+            let rows: Vec<Bucket> = if resolution == Resolution::Hour {
+                stmt.query_map(params![id, since_ms, until_ms, step_ms, lo, hi], map_row)?
+                    .collect::<rusqlite::Result<_>>()?
+            } else {
+                stmt.query_map(params![id, since_ms, until_ms, step_ms], map_row)?
+                    .collect::<rusqlite::Result<_>>()?
+            };
             let mut buckets = merge_buckets(sealed, rows);
             if let Some((minute, fold)) = open.get(&id) {
-                let bucket = (minute - since_ms) / step_ms;
+                let start =
+                    if resolution == Resolution::Hour { span_start(*minute, HOUR_MS) } else { *minute };
+                let bucket = (start - since_ms) / step_ms;
                 match buckets.binary_search_by_key(&bucket, |b| b.0) {
                     Ok(i) => {
                         buckets[i].1 += fold.sum;
