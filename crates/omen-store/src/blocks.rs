@@ -37,8 +37,10 @@ const MINUTE_BLOCK_FORMATS: &[u8] = &[1, MINUTE_BLOCK_FORMAT];
 /// One hour.
 pub(crate) const HOUR_MS: i64 = 3_600_000;
 
-/// The (count, sum) of a block's minutes by the hour they start in: (hour start, count, sum).
-pub(crate) type HourSum = (i64, i64, f64);
+/// A start (or bucket index) with the sum and count of the values that fall in it.
+pub(crate) type SumCount = (i64, f64, i64);
+/// The sum and count of a block's minutes by the hour they start in: (hour start, sum, count).
+pub(crate) type HourSum = SumCount;
 /// Bytes of one hour sum in a format-2 minute block: hour start, count (i64 LE), sum (f64 LE).
 const HOUR_SUM_BYTES: usize = 24;
 
@@ -130,7 +132,7 @@ fn take_header(data: &mut &[u8], formats: &[u8]) -> Result<(u8, usize)> {
 /// Appends the hour sums of a format-2 minute block: their number (u8), then each.
 fn put_hour_sums(out: &mut Vec<u8>, hours: &[HourSum]) -> Result<()> {
     out.push(u8::try_from(hours.len()).context("a minute block over 255 hours")?);
-    for &(hour, count, sum) in hours {
+    for &(hour, sum, count) in hours {
         out.extend_from_slice(&hour.to_le_bytes());
         out.extend_from_slice(&count.to_le_bytes());
         out.extend_from_slice(&sum.to_le_bytes());
@@ -149,19 +151,19 @@ fn take_hour_sums(data: &mut &[u8]) -> Result<Vec<HourSum>> {
         .chunks_exact(HOUR_SUM_BYTES)
         .map(|e| {
             let word = |i: usize| <[u8; 8]>::try_from(&e[i * 8..i * 8 + 8]).expect("8 bytes");
-            (i64::from_le_bytes(word(0)), i64::from_le_bytes(word(1)), f64::from_le_bytes(word(2)))
+            (i64::from_le_bytes(word(0)), f64::from_le_bytes(word(2)), i64::from_le_bytes(word(1)))
         })
         .collect())
 }
 
-/// Adds (count, sum) to hour `hour` of `hours`, whose hours come in nondecreasing order.
-fn add_to_hour(hours: &mut Vec<HourSum>, hour: i64, count: i64, sum: f64) {
-    match hours.last_mut() {
-        Some(last) if last.0 == hour => {
-            last.1 += count;
-            last.2 += sum;
+/// Adds (sum, count) to entry `key` of `list`, whose keys come in nondecreasing order.
+pub(crate) fn add_in_order(list: &mut Vec<SumCount>, key: i64, sum: f64, count: i64) {
+    match list.last_mut() {
+        Some(last) if last.0 == key => {
+            last.1 += sum;
+            last.2 += count;
         }
-        _ => hours.push((hour, count, sum)),
+        _ => list.push((key, sum, count)),
     }
 }
 
@@ -212,17 +214,23 @@ impl MinuteBlock {
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(256 + self.minutes.len() * 4);
         put_header(&mut out, MINUTE_BLOCK_FORMAT, self.minutes.len())?;
-        let mut hours = Vec::new();
-        for (&minute, f) in self.minutes.iter().zip(&self.folds) {
-            add_to_hour(&mut hours, span_start(minute, HOUR_MS), f.count, seal_value(f.sum));
-        }
-        put_hour_sums(&mut out, &hours)?;
+        put_hour_sums(&mut out, &self.hours())?;
         put_column(&mut out, &self.minutes)?;
         put_column(&mut out, &self.folds.iter().map(|f| f.count).collect::<Vec<_>>())?;
         for field in [|f: &MinuteFold| f.sum, |f: &MinuteFold| f.min, |f: &MinuteFold| f.max] {
             put_column(&mut out, &self.folds.iter().map(|f| seal_value(field(f))).collect::<Vec<_>>())?;
         }
         Ok(out)
+    }
+
+    /// The hour sums of the block's minutes, adding the sealed minute sums (sealing a
+    /// decoded, already sealed sum changes nothing).
+    fn hours(&self) -> Vec<HourSum> {
+        let mut hours = Vec::new();
+        for (&minute, f) in self.minutes.iter().zip(&self.folds) {
+            add_in_order(&mut hours, span_start(minute, HOUR_MS), seal_value(f.sum), f.count);
+        }
+        hours
     }
 
     /// The block's hour sums: read from a format-2 block, computed from the minutes of a
@@ -233,12 +241,7 @@ impl MinuteBlock {
         if format >= 2 {
             return take_hour_sums(&mut data);
         }
-        let block = Self::decode(whole)?;
-        let mut hours = Vec::new();
-        for (&minute, f) in block.minutes.iter().zip(&block.folds) {
-            add_to_hour(&mut hours, span_start(minute, HOUR_MS), f.count, f.sum);
-        }
-        Ok(hours)
+        Ok(Self::decode(whole)?.hours())
     }
 
     /// A block from its bytes.
@@ -548,19 +551,33 @@ pub(crate) fn minutes_from_blocks(
     until: i64,
     mut each: impl FnMut(i64, &MinuteFold),
 ) -> Result<()> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT data FROM minute_blocks WHERE series_id = ?1 AND start_ms > ?2 AND start_ms < ?3 ORDER BY start_ms",
-    )?;
-    let mut q = stmt.query(params![id, since.saturating_sub(MINUTE_BLOCK_MS), until])?;
-    while let Some(r) = q.next()? {
-        let bytes: Vec<u8> = r.get(0)?;
-        let block = MinuteBlock::decode(&bytes)
-            .with_context(|| format!("minute block of series {id} in the store"))?;
+    each_minute_block(conn, id, since, until, |bytes| {
+        let block = MinuteBlock::decode(bytes)?;
         for (&minute, fold) in block.minutes.iter().zip(&block.folds) {
             if minute >= since && minute < until {
                 each(minute, fold);
             }
         }
+        Ok(())
+    })
+}
+
+/// Calls `each` with the bytes of every minute block of series `id` that may hold a minute
+/// in [since, until), in time order; an error of `each` names the series.
+fn each_minute_block(
+    conn: &rusqlite::Connection,
+    id: i64,
+    since: i64,
+    until: i64,
+    mut each: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT data FROM minute_blocks WHERE series_id = ?1 AND start_ms > ?2 AND start_ms < ?3 ORDER BY start_ms",
+    )?;
+    let mut q = stmt.query(params![id, since.saturating_sub(MINUTE_BLOCK_MS), until])?;
+    while let Some(r) = q.next()? {
+        each(r.get_ref(0)?.as_blob()?)
+            .with_context(|| format!("minute block of series {id} in the store"))?;
     }
     Ok(())
 }
@@ -573,17 +590,13 @@ pub(crate) fn hours_from_blocks(
     until: i64,
     mut each: impl FnMut(HourSum),
 ) -> Result<()> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT data FROM minute_blocks WHERE series_id = ?1 AND start_ms > ?2 AND start_ms < ?3 ORDER BY start_ms",
-    )?;
-    let mut q = stmt.query(params![id, since.saturating_sub(MINUTE_BLOCK_MS), until])?;
-    while let Some(r) = q.next()? {
-        let bytes = r.get_ref(0)?.as_blob()?;
-        let hours = MinuteBlock::hour_sums(bytes)
-            .with_context(|| format!("minute block of series {id} in the store"))?;
-        hours.into_iter().filter(|h| h.0 >= since && h.0 < until).for_each(&mut each);
-    }
-    Ok(())
+    each_minute_block(conn, id, since, until, |bytes| {
+        MinuteBlock::hour_sums(bytes)?
+            .into_iter()
+            .filter(|h| h.0 >= since && h.0 < until)
+            .for_each(&mut each);
+        Ok(())
+    })
 }
 
 #[cfg(test)]

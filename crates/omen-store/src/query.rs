@@ -11,7 +11,8 @@ use omen_sources::SeriesKey;
 use rusqlite::{params, Connection};
 
 use crate::blocks::{
-    hours_from_blocks, minutes_from_blocks, oldest_raw_ts, raw_from_blocks, span_start, HOUR_MS,
+    add_in_order, hours_from_blocks, minutes_from_blocks, oldest_raw_ts, raw_from_blocks, span_start,
+    SumCount, HOUR_MS,
 };
 use crate::minutes::MinuteFold;
 use crate::schema::open_connection;
@@ -115,21 +116,10 @@ impl ReaderPool {
 const READERS: usize = 4;
 
 /// One bucket of a range query before its mean: (bucket index, sum, count).
-type Bucket = (i64, f64, i64);
+type Bucket = SumCount;
 
 /// A series' labels and its non-empty buckets in bucket order.
 type SeriesBuckets = (BTreeMap<String, String>, Vec<Bucket>);
-
-/// Adds (sum, count) to bucket `b` of `buckets`, whose buckets come in nondecreasing order.
-fn add_in_order(buckets: &mut Vec<Bucket>, b: i64, sum: f64, count: i64) {
-    match buckets.last_mut() {
-        Some(last) if last.0 == b => {
-            last.1 += sum;
-            last.2 += count;
-        }
-        _ => buckets.push((b, sum, count)),
-    }
-}
 
 /// Two bucket lists in bucket order, merged: the sums and counts of a bucket in both add.
 fn merge_buckets(a: Vec<Bucket>, b: Vec<Bucket>) -> Vec<Bucket> {
@@ -321,7 +311,7 @@ impl Store {
                 Resolution::Minute => minutes_from_blocks(&tx, id, since_ms, until_ms, |minute, f| {
                     add_in_order(&mut sealed, bucket(minute), f.sum, f.count)
                 })?,
-                Resolution::Hour => hours_from_blocks(&tx, id, lo, hi, |(hour, count, sum)| {
+                Resolution::Hour => hours_from_blocks(&tx, id, lo, hi, |(hour, sum, count)| {
                     add_in_order(&mut sealed, bucket(hour), sum, count)
                 })?,
                 Resolution::Day => {}
