@@ -165,6 +165,10 @@ wait_for() {
     sleep 0.5
   done
 }
+# promtool's one accepted finding: TLE is entropy in bits, an information unit, not a data size.
+PROMTOOL_ACCEPTED='omen_tle_bits use base unit "bytes" instead of "bits"'
+# The Accept header Prometheus sends when it scrapes.
+PROMETHEUS_ACCEPT='application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1'
 http_ok() { curl -fsS --max-time 3 -o /dev/null "$1"; }
 get() { curl -fsS --max-time 5 "$@"; }
 # prom_query PORT QUERY: the JSON of an instant query.
@@ -259,6 +263,11 @@ def gauge(metrics, name, **want):
     return None
 
 
+def days(seconds):
+    """The exported time to breach (seconds) in days, as the rules compare it."""
+    return None if seconds is None else seconds / 86400.0
+
+
 def key(a):
     """Identity of an expected/seen alert: alertname plus slo (if any)."""
     return (a["alertname"], a.get("slo", ""))
@@ -277,10 +286,10 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
     print(f"     final state ({scenario}): /metrics omen_health_score={h}; /scores/latest health_score="
           f"{health.get('health_score')} level={health.get('level')} contributors={json.dumps(health.get('contributors'))}")
     fc = {}
-    slos = sorted({lab.get("slo") for n, lab, _ in m if n == "omen_forecast_days_to_breach" and lab.get("slo")})
+    slos = sorted({lab.get("slo") for n, lab, _ in m if n == "omen_forecast_time_to_breach_seconds" and lab.get("slo")})
     for slo in slos:
-        d = gauge(m, "omen_forecast_days_to_breach", slo=slo)
-        u = gauge(m, "omen_forecast_days_to_breach_upper", slo=slo)
+        d = days(gauge(m, "omen_forecast_time_to_breach_seconds", slo=slo))
+        u = days(gauge(m, "omen_forecast_time_to_breach_upper_seconds", slo=slo))
         fc[slo] = (d, u)
         api = next((f for f in health.get("forecasts") or [] if f.get("slo") == slo), {})
         print(f"     forecast {slo:14s} days_to_breach={d!s:22s} upper={u!s:22s} "
@@ -303,7 +312,7 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
         check(hv >= WARN, f"omen_health_score {h} >= {WARN} (early warning)")
         for slo in ("kv_usage", "kvf"):
             d, u = fc.get(slo, (None, None))
-            check(within(slo, HORIZON), f"omen_forecast_days_to_breach{{slo=\"{slo}\"}} {d} and _upper {u} <= {HORIZON:g}")
+            check(within(slo, HORIZON), f"omen_forecast_time_to_breach_seconds{{slo=\"{slo}\"}} {d} days and _upper {u} days <= {HORIZON:g}")
     else:
         check(0 <= hv < WARN, f"omen_health_score {h} < {WARN}")
         near = [s for s in fc if within(s, HORIZON)]
@@ -670,6 +679,25 @@ EOF
     ok "$sc: /scores/latest and /metrics read"
   else
     ko "$sc: /scores/latest and /metrics read"; return
+  fi
+  # Without an Accept header /metrics is the text format 0.0.4: Prometheus' own parser and
+  # linter (promtool) read it; the only finding left is the one docs/api.md justifies.
+  local findings unexpected
+  findings=$(promtool check metrics <"$d/metrics.txt" 2>&1)
+  unexpected=$(printf '%s\n' "$findings" | grep -v '^$' | grep -vxF "$PROMTOOL_ACCEPTED" || true)
+  if [ -z "$unexpected" ] && grep -q '^# TYPE omen_samples_ingested_total counter$' "$d/metrics.txt"; then
+    ok "$sc: /metrics as text 0.0.4 passes promtool check metrics (accepted: $PROMTOOL_ACCEPTED)"
+  else
+    ko "$sc: /metrics as text 0.0.4 passes promtool check metrics" "$findings"
+  fi
+  # With Prometheus' Accept header it is OpenMetrics (what the scrape below reads).
+  local om_type
+  om_type=$(curl -fsS --max-time 5 -o "$d/metrics.om.txt" -w '%{content_type}' \
+    -H "Accept: $PROMETHEUS_ACCEPT" "http://127.0.0.1:$omen_port/metrics" 2>/dev/null || true)
+  if [[ "$om_type" == application/openmetrics-text* ]] && [ "$(tail -n1 "$d/metrics.om.txt")" = "# EOF" ]; then
+    ok "$sc: /metrics answers OpenMetrics to Prometheus' Accept header"
+  else
+    ko "$sc: /metrics answers OpenMetrics to Prometheus' Accept header" "content type: $om_type"
   fi
   py_checks "$PYTHON" "$CHECK" state "$sc" "$d/metrics.txt" "$d/latest.json" "$d/expect.json" "127.0.0.1:$omen_port"
   [ -f "$d/expect.json" ] || { ko "$sc: expectations derived"; return; }

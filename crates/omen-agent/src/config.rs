@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Local SQLite store.
@@ -37,7 +37,7 @@ pub struct Config {
 
 /// The `omen-worker` child process (crate omen-worker), which runs the models on libtorch
 /// so that the agent itself never loads it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
     /// The worker binary; default `$OMEN_WORKER`, else `omen-worker` next to `omen`, else on `$PATH`.
@@ -56,7 +56,7 @@ impl Default for WorkerConfig {
 }
 
 /// The LSTM autoencoder model file (`omen train` writes it).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Model file.
@@ -71,7 +71,7 @@ fn default_model_threads() -> usize {
 }
 
 /// SQLite store location and retention.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Database file; its folder is created if missing.
@@ -92,7 +92,7 @@ pub struct StoreConfig {
 }
 
 /// `store.on_bad_file`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadStoreFile {
     /// Rename it to `<path>.bad-<unix seconds>` (kept for inspection) and start a new store,
@@ -116,7 +116,7 @@ impl Default for StoreConfig {
 }
 
 /// HTTP listeners.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
     /// API, ingest and /metrics. Loopback by default.
@@ -144,7 +144,7 @@ impl Default for HttpConfig {
 }
 
 /// Sample sources; each runs on its own interval.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SourcesConfig {
     /// Replay a recorded JSONL trace as if live.
@@ -161,7 +161,7 @@ pub struct SourcesConfig {
 pub use omen_sources::{CanarySourceConfig, NvmlSourceConfig, ServerMetricsConfig, TraceSourceConfig};
 
 /// Signal parameters.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SignalsConfig {
     /// Window length of the anomaly score, in samples.
@@ -195,7 +195,7 @@ impl Default for SignalsConfig {
 /// `limits`: what bounds the agent's memory whatever is pushed to it. A push that would
 /// create series beyond a cap is refused whole (422) and counted; existing series keep
 /// working; a series silent for `series_idle_timeout` (event time) leaves /metrics and memory.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Most series one signal may have (the OpenTelemetry SDK's default cardinality limit per instrument is 2,000).
@@ -219,7 +219,7 @@ impl Default for LimitsConfig {
 }
 
 /// RCI weights.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RciWeightsConfig {
     /// a
@@ -237,7 +237,7 @@ impl Default for RciWeightsConfig {
 }
 
 /// Health score bands.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
     /// Warning from here (inclusive).
@@ -256,7 +256,7 @@ impl Default for HealthConfig {
 }
 
 /// The coupled degradation model L = c + α/T + βF + γ(1−Q) on the agent's own history.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExplainConfig {
     /// History fitted: the last `window`, split in half for the attribution.
@@ -283,7 +283,7 @@ impl Default for ExplainConfig {
 }
 
 /// Forecasts of SLO indicators.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ForecastConfig {
     /// Early-warning horizon, days.
@@ -321,10 +321,10 @@ impl Default for ForecastConfig {
 }
 
 /// One SLO: a daily indicator and the threshold it must not cross.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SloConfig {
-    /// Label value of `omen_forecast_days_to_breach{slo}`.
+    /// Label value of `omen_forecast_time_to_breach_seconds{slo}`.
     pub name: String,
     /// Which daily aggregate is forecast.
     pub indicator: SloIndicator,
@@ -379,7 +379,7 @@ impl TrendScale {
 }
 
 /// Daily SLO indicators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SloIndicator {
     /// Daily p99 of canary TTFT (seconds).
@@ -395,7 +395,7 @@ pub enum SloIndicator {
 }
 
 /// Breach direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Breach above the threshold.
@@ -406,7 +406,7 @@ pub enum Direction {
 }
 
 /// OTLP metrics export.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtlpConfig {
     /// gRPC endpoint, e.g. http://127.0.0.1:4317.
@@ -455,6 +455,11 @@ impl Config {
         } else {
             Err(problems)
         }
+    }
+
+    /// The config as YAML with every default filled in (`omen check-config --print`); secrets redacted.
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).expect("the config is plain data: maps, strings and numbers")
     }
 
     /// Reads and validates a config file.
@@ -852,6 +857,79 @@ mod tests {
         let cfg = Config::from_yaml("explain:\n  window: 6h\n").unwrap();
         assert_eq!(cfg.explain.window, Duration::from_secs(6 * 3600));
         assert_eq!(cfg.explain.min_r_squared, 0.5);
+    }
+
+    /// The example file with its `#=` sections switched on: each `#=` mark is removed (the
+    /// line keeps its indentation) and the `key: null` line just above such a section is dropped.
+    fn example_switched_on(text: &str) -> String {
+        let lines: Vec<&str> = text.lines().collect();
+        let mut out = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let indent = line.len() - line.trim_start().len();
+            let body = line.trim_start();
+            if let Some(rest) = body.strip_prefix("#= ") {
+                out.push(format!("{}{rest}", &line[..indent]));
+                continue;
+            }
+            let key = body.split_once(": null").map(|(k, _)| k);
+            let next = lines.get(i + 1).map(|l| l.trim_start()).unwrap_or("");
+            if key.is_some_and(|k| next.starts_with(&format!("#= {k}:"))) {
+                continue;
+            }
+            out.push((*line).to_owned());
+        }
+        out.join("\n")
+    }
+
+    /// Every key path in a YAML tree (`a.b`, `a.list[].c`), lists merged over their items.
+    fn key_paths(value: &serde_yaml::Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+        match value {
+            serde_yaml::Value::Mapping(map) => {
+                for (k, v) in map {
+                    let key = k.as_str().expect("string keys");
+                    let path = if prefix.is_empty() { key.to_owned() } else { format!("{prefix}.{key}") };
+                    out.insert(path.clone());
+                    key_paths(v, &path, out);
+                }
+            }
+            serde_yaml::Value::Sequence(items) => {
+                for item in items {
+                    key_paths(item, &format!("{prefix}[]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_example_config_is_the_default_and_names_every_key() {
+        let text = include_str!("../../../deploy/omen.example.yaml");
+        let as_written = Config::from_yaml(text).unwrap();
+        assert_eq!(
+            serde_yaml::to_value(&as_written).unwrap(),
+            serde_yaml::to_value(Config::default()).unwrap(),
+            "deploy/omen.example.yaml as written must be exactly the default config"
+        );
+
+        // Switched on, every optional section is filled in; the paths the agent knows (its
+        // config serialised with every default) must all appear in the file. The reverse holds
+        // by `deny_unknown_fields`, which the parse below enforces.
+        let switched_on = example_switched_on(text);
+        let full: Config = from_yaml_at_path(&switched_on).unwrap_or_else(|e| panic!("{e:?}\n{switched_on}"));
+        assert!(full.sources.trace.is_some() && full.sources.canary.is_some());
+        assert!(full.sources.server_metrics.is_some() && full.otlp.is_some() && full.model.is_some());
+        let mut known = std::collections::BTreeSet::new();
+        key_paths(&serde_yaml::to_value(&full).unwrap(), "", &mut known);
+        let mut documented = std::collections::BTreeSet::new();
+        key_paths(&serde_yaml::from_str(&switched_on).unwrap(), "", &mut documented);
+        let missing: Vec<&String> = known.difference(&documented).collect();
+        assert!(missing.is_empty(), "deploy/omen.example.yaml does not document {missing:?}");
+    }
+
+    #[test]
+    fn the_example_switch_on_keeps_indentation_and_drops_the_null() {
+        let text = "a:\n  b: null   # off\n  #= b:\n  #=   c: 1\n  d: null\n";
+        assert_eq!(example_switched_on(text), "a:\n  b:\n    c: 1\n  d: null");
     }
 
     #[test]

@@ -317,10 +317,18 @@ pub fn metrics_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn metrics_handler(State(st): State<AppState>) -> Response {
-    let text = metrics::render(&st.registry);
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
-        .into_response()
+/// /metrics in the format the scraper asks for (`Accept`): OpenMetrics or text 0.0.4.
+async fn metrics_handler(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, text) = match metrics::negotiate(accept) {
+        metrics::Exposition::OpenMetrics => {
+            (metrics::OPENMETRICS_CONTENT_TYPE, metrics::render(&st.registry))
+        }
+        metrics::Exposition::Text004 => {
+            (metrics::TEXT_004_CONTENT_TYPE, metrics::render_text_004(&st.registry))
+        }
+    };
+    ([(header::CONTENT_TYPE, content_type)], text).into_response()
 }
 
 async fn healthz() -> &'static str {

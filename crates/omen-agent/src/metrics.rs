@@ -341,10 +341,164 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// Content type of [`render`]'s output.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Content type of [`render_text_004`]'s output.
+pub const TEXT_004_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The exposition format a scraper asked for in its `Accept` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4.
+    Text004,
+}
+
+/// Picks the format by the `Accept` header's quality values: OpenMetrics only when the client
+/// names `application/openmetrics-text` and prefers it at least as much as `text/plain` (or
+/// anything else it accepts); the 0.0.4 text format otherwise, including when there is no header,
+/// since every Prometheus-compatible scraper reads it.
+pub fn negotiate(accept: Option<&str>) -> Exposition {
+    let Some(accept) = accept else { return Exposition::Text004 };
+    let mut openmetrics = 0.0_f64;
+    let mut other = 0.0_f64;
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
+            .find_map(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(1.0)
+            .clamp(0.0, 1.0);
+        if media == "application/openmetrics-text" {
+            openmetrics = openmetrics.max(q);
+        } else if !media.is_empty() {
+            other = other.max(q);
+        }
+    }
+    if openmetrics > 0.0 && openmetrics >= other {
+        Exposition::OpenMetrics
+    } else {
+        Exposition::Text004
+    }
+}
+
+/// The registry in the Prometheus text format 0.0.4. prometheus-client writes only
+/// OpenMetrics, so its output is rewritten line by line: a counter family takes its samples'
+/// `_total` name, an info family its `_info` name and the gauge type, `unknown` becomes
+/// `untyped`; `# UNIT`, exemplars and `# EOF` have no 0.0.4 form and are dropped.
+pub fn render_text_004(registry: &Registry) -> String {
+    openmetrics_to_text_004(&render(registry))
+}
+
+fn openmetrics_to_text_004(openmetrics: &str) -> String {
+    // OpenMetrics puts HELP before TYPE, so the families' types are read first.
+    let types: std::collections::HashMap<&str, &str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' ')).collect();
+    let name_004 = |family: &str| -> (String, &'static str) {
+        match types.get(family).copied().unwrap_or("unknown") {
+            "counter" => (format!("{family}_total"), "counter"),
+            "info" => (format!("{family}_info"), "gauge"),
+            "gauge" | "stateset" => (family.to_owned(), "gauge"),
+            "histogram" | "gaugehistogram" => (family.to_owned(), "histogram"),
+            "summary" => (family.to_owned(), "summary"),
+            _ => (family.to_owned(), "untyped"),
+        }
+    };
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(family) = line.strip_prefix("# TYPE ").and_then(|rest| rest.split(' ').next()) {
+            let (name, kind) = name_004(family);
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (family, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            // 0.0.4 escapes only backslash and newline in HELP.
+            out.push_str(&format!("# HELP {} {}\n", name_004(family).0, help.replace("\\\"", "\"")));
+            continue;
+        }
+        // A sample: an exemplar (` # {...} value`) has no 0.0.4 form; prometheus-client writes
+        // no timestamps, so the rest is already valid 0.0.4.
+        let sample = line.find(" # {").map_or(line, |at| &line[..at]);
+        out.push_str(sample);
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn negotiation_follows_the_accept_header() {
+        use Exposition::*;
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(negotiate(Some(prometheus)), OpenMetrics);
+        assert_eq!(negotiate(Some("application/openmetrics-text; version=1.0.0")), OpenMetrics);
+        assert_eq!(negotiate(None), Text004);
+        assert_eq!(negotiate(Some("*/*")), Text004);
+        assert_eq!(negotiate(Some("text/plain;version=0.0.4")), Text004);
+        assert_eq!(negotiate(Some("text/plain;q=1,application/openmetrics-text;q=0.5")), Text004);
+        assert_eq!(negotiate(Some("application/openmetrics-text;q=0")), Text004);
+        assert_eq!(negotiate(Some("garbage;;q=x,,")), Text004);
+    }
+
+    #[test]
+    fn the_004_text_names_counter_and_info_families_by_their_samples() {
+        let live = Arc::new(LiveMetrics::new());
+        live.set_gauge("kvf_ratio", vec![("layer".into(), "3".into())], 1.9);
+        live.ttft.get_or_create(&vec![("canary".into(), "c1".into())]).observe(0.04);
+        live.samples_ingested.inc_by(5);
+        let text = render_text_004(&registry(live));
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        assert!(text.contains("# HELP omen_samples_ingested_total "), "{text}");
+        assert!(
+            text.contains("# TYPE omen_samples_ingested_total counter\nomen_samples_ingested_total 5\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE omen_build_info gauge\nomen_build_info{"), "{text}");
+        assert!(text.contains("# TYPE omen_kvf_ratio gauge\n"), "{text}");
+        assert!(text.contains("# TYPE omen_ttft_seconds histogram\n"), "{text}");
+        // Every sample line belongs to the family declared above it (what 0.0.4 parsers require).
+        let mut family = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_owned();
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let base =
+                    ["_bucket", "_sum", "_count"].iter().fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+                assert!(name == family || base == family, "{name} under {family}:\n{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_004_text_drops_exemplars_and_unescapes_quotes_in_help() {
+        let om = r#"# HELP a_seconds Time of \"a\".
+# TYPE a_seconds histogram
+# UNIT a_seconds seconds
+a_seconds_bucket{le="1"} 2 # {trace_id="x"} 0.5
+# TYPE b unknown
+b 1
+# EOF
+"#;
+        let text_004 = r#"# HELP a_seconds Time of "a".
+# TYPE a_seconds histogram
+a_seconds_bucket{le="1"} 2
+# TYPE b untyped
+b 1
+"#;
+        assert_eq!(openmetrics_to_text_004(om), text_004);
+    }
 
     #[test]
     fn renders_gauges_histograms_and_counters() {

@@ -17,7 +17,7 @@
 //! | `omen_kvf_ratio{layer}`          | `omen.kvf_ratio`                       | gauge         | `1`   |
 //! | `omen_tle_bits{canary}`          | `omen.tle_bits`                        | gauge         | `bit` |
 //! | `omen_gpu_memory_used_bytes`     | `omen.gpu_memory_used_bytes`           | gauge         | `By`  |
-//! | `omen_forecast_days_to_breach`   | `omen.forecast_days_to_breach`         | gauge         | `d`   |
+//! | `omen_forecast_time_to_breach_seconds` | `omen.forecast_time_to_breach`   | gauge         | `s`   |
 //! | any other gauge `omen_<name>`    | `omen.<name>`                          | gauge         |       |
 //! | (OTLP only)                      | `omen.otlp.export_failures`            | counter       |       |
 //!
@@ -355,8 +355,6 @@ fn unit_for(name: &str) -> Option<&'static str> {
         Some("s")
     } else if name.starts_with("tle_bits") {
         Some("bit")
-    } else if name.starts_with("forecast_days_to_breach") {
-        Some("d")
     } else if name.ends_with("_ratio") {
         Some("1")
     } else {
@@ -570,8 +568,8 @@ mod tests {
         );
         assert_eq!(otlp_gauge_name("kvf_ratio").as_deref(), Some("omen.kvf_ratio"));
         assert_eq!(
-            otlp_gauge_name("forecast_days_to_breach").as_deref(),
-            Some("omen.forecast_days_to_breach")
+            otlp_gauge_name("forecast_time_to_breach_seconds").as_deref(),
+            Some("omen.forecast_time_to_breach")
         );
         assert_eq!(otlp_gauge_name("vllm:queue len").as_deref(), Some("omen.vllm_queue_len"));
         assert_eq!(otlp_gauge_name(""), None);

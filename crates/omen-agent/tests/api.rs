@@ -200,10 +200,22 @@ async fn ingest_query_and_export() {
     let mean_after = second["series"][0]["points"][0][1].as_f64().unwrap();
     assert!(mean_before < mean_after && mean_after < 11.0, "{first} then {second}");
 
-    // /metrics on the metrics listener, OpenMetrics
-    let r = c.get(format!("http://{}/metrics", agent.metrics_addr.unwrap())).send().await.unwrap();
+    // /metrics on the metrics listener: OpenMetrics when asked for (Prometheus' own Accept
+    // header), the 0.0.4 text format otherwise
+    let prometheus_accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let r = c
+        .get(format!("http://{}/metrics", agent.metrics_addr.unwrap()))
+        .header("accept", prometheus_accept)
+        .send()
+        .await
+        .unwrap();
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let openmetrics = r.text().await.unwrap();
+    assert!(openmetrics.ends_with("# EOF\n") && openmetrics.contains("# TYPE omen_ingest_rejected counter"));
+    let r = c.get(format!("http://{}/metrics", agent.metrics_addr.unwrap())).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
     let text = r.text().await.unwrap();
+    assert!(!text.contains("# EOF") && text.contains("# TYPE omen_ingest_rejected_total counter"), "{text}");
     assert!(text.contains("omen_kvf_ratio{gpu=\"0\",layer=\"3\"} 1.857142857142857"), "{text}");
     assert!(text.contains("omen_kvcache_usage_ratio{gpu=\"0\",layer=\"4\"} 0.9"), "{text}");
     assert!(text.contains("omen_ingest_rejected_total{endpoint=\"kvcache\",status=\"422\"} 1"), "{text}");

@@ -59,7 +59,7 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     assert!(calm < 0.6, "no alert before the drift is forecastable: {before}");
 
     let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("omen_forecast_days_to_breach{slo=\"kv_usage\"}"), "{metrics}");
+    assert!(metrics.contains("omen_forecast_time_to_breach_seconds{slo=\"kv_usage\"}"), "{metrics}");
     assert!(metrics.contains("omen_anomaly_score{"), "{metrics}");
     agent.stop().await.unwrap();
 }

@@ -119,14 +119,14 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     live.record_latency("ttft_seconds", c1.clone(), 0.06);
     live.record_latency("tpot_seconds", c1.clone(), 0.01);
     live.record_latency("e2e_seconds", c1.clone(), 0.5);
-    live.set_gauge("forecast_days_to_breach", labels(&[("slo", "ttft_p99")]), 9.5);
+    live.set_gauge("forecast_time_to_breach_seconds", labels(&[("slo", "ttft_p99")]), 9.5 * 86_400.0);
 
     let ready = |r: &Receiver| {
         let ttft_done = r.latest("gen_ai.server.time_to_first_token").is_some_and(|m| match &m.data {
             Some(metric::Data::Histogram(h)) => h.data_points.iter().any(|p| p.count == 2),
             _ => false,
         });
-        ttft_done && r.latest("omen.forecast_days_to_breach").is_some()
+        ttft_done && r.latest("omen.forecast_time_to_breach").is_some()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     // The receiver stores a request before the exporter sees the reply, so wait for both.
@@ -162,9 +162,11 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     assert_eq!(gauge_points(&health), vec![(vec![], 0.25)]);
     assert!(receiver.latest("omen.build_info").is_some());
     assert_eq!(receiver.latest("omen.gpu_memory_used_bytes").unwrap().unit, "By");
-    let days = gauge_points(&receiver.latest("omen.forecast_days_to_breach").unwrap());
-    assert_eq!(string_attr(&days[0].0, "slo").as_deref(), Some("ttft_p99"));
-    assert_eq!(days[0].1, 9.5);
+    let to_breach = receiver.latest("omen.forecast_time_to_breach").unwrap();
+    assert_eq!(to_breach.unit, "s");
+    let seconds = gauge_points(&to_breach);
+    assert_eq!(string_attr(&seconds[0].0, "slo").as_deref(), Some("ttft_p99"));
+    assert_eq!(seconds[0].1, 9.5 * 86_400.0);
 
     let ttft = receiver.latest("gen_ai.server.time_to_first_token").unwrap();
     assert_eq!(ttft.unit, "s");

@@ -18,7 +18,16 @@ use clap::{Parser, Subcommand};
 use omen_agent::config::Config;
 
 #[derive(Parser)]
-#[command(name = "omen", version, about = "Early warning for LLM serving degradation")]
+#[command(
+    name = "omen",
+    version,
+    about = "Early warning for LLM serving degradation",
+    after_help = "Examples:\n  \
+        omen run --config deploy/omen.local.yaml       the agent on the demo trace (what `make run` does)\n  \
+        omen check-config --print omen.yaml            validate a config and show it with every default\n  \
+        curl -s '127.0.0.1:9464/scores/latest'         the health level, its reasons and the forecasts\n\n\
+        Every key of omen.yaml: deploy/omen.example.yaml. Each command's help has an example."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,18 +36,26 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: sources -> pipeline -> store, HTTP API and exporters.
+    #[command(after_help = "Example: omen run --config deploy/omen.local.yaml\n\
+        (the demo trace replayed into .omen/omen.db; then curl 127.0.0.1:9464/scores/latest)")]
     Run {
         /// Config file (YAML).
         #[arg(long, short)]
         config: PathBuf,
     },
     /// Validate a config file and report every problem by field path.
+    #[command(after_help = "Example: omen check-config --print deploy/omen.local.yaml\n\
+        (exit code 2 and one line per problem when the file is not valid)")]
     CheckConfig {
         /// Config file (YAML).
         config: PathBuf,
+        /// Also print the effective config: the file with every default filled in (secrets redacted).
+        #[arg(long)]
+        print: bool,
     },
     #[cfg(feature = "lab")]
     /// Replay a JSONL trace through the pipeline offline and write report.json and report.svg.
+    #[command(after_help = "Example: omen replay deploy/traces/demo-degradation.jsonl.gz --out omen-replay")]
     Replay {
         /// JSONL trace (plain or .gz).
         trace: PathBuf,
@@ -51,6 +68,8 @@ enum Command {
     },
     #[cfg(feature = "bench")]
     /// Load-test an OpenAI-compatible endpoint with a dialogue workflow and write a JSON report.
+    #[command(after_help = "Example: omen bench --workflow deploy/workflows/chat.yaml \
+        --endpoint http://127.0.0.1:8000/v1 --max-requests 200 --out a.json")]
     Bench {
         /// Workflow file (YAML), e.g. deploy/workflows/chat.yaml.
         #[arg(long, short)]
@@ -79,6 +98,7 @@ enum Command {
     },
     #[cfg(feature = "bench")]
     /// Compare two bench reports: Delta-Metric, bootstrap interval and verdict per metric.
+    #[command(after_help = "Example: omen compare a.json b.json --min-effect 0.05 --json delta.json")]
     Compare {
         /// Baseline report.
         a: PathBuf,
@@ -102,6 +122,7 @@ enum Command {
     },
     #[cfg(feature = "lab")]
     /// Simulate a degradation scenario: write DIR/trace.jsonl.gz and DIR/labels.json.
+    #[command(after_help = "Example: omen simulate deploy/scenarios/vram-leak.yaml --out vram-leak")]
     Simulate {
         /// Scenario file (YAML, see deploy/scenarios/).
         scenario: PathBuf,
@@ -110,13 +131,18 @@ enum Command {
         out: PathBuf,
     },
     /// Train the LSTM autoencoder on normal data (CSV, JSONL trace or store) and write the model file.
+    #[command(after_help = "Example: omen train --data deploy/traces/demo-healthy.jsonl.gz --step 10m \
+        --features raw,diff --out model.ot")]
     Train(omen_protocol::training::TrainArgs),
     /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
+    #[command(after_help = "Example: omen evaluate --model model.ot --data omen-simulate/trace.jsonl.gz \
+        --step 10m --labels omen-simulate/labels.json")]
     Evaluate(omen_protocol::training::EvaluateArgs),
     #[cfg(feature = "lab")]
     /// Stress a model with perturbed prompts and report each prompt's stability boundary.
-    ///
-    /// Example: omen stress --endpoint http://127.0.0.1:18080/v1 --prompt capital="What is the capital of France? Answer in one sentence." --adaptive --svg stress.svg
+    #[command(
+        after_help = "Example: omen stress --endpoint http://127.0.0.1:18080/v1 --prompt capital=\"What is the capital of France? Answer in one sentence.\" --adaptive --svg stress.svg"
+    )]
     Stress {
         /// API root including /v1.
         #[arg(long)]
@@ -166,8 +192,9 @@ enum Command {
     },
     #[cfg(feature = "lab")]
     /// Explain a latency change from a store's history: fit L = c + a/T + b*F + g*(1-Q) and split the change by term.
-    ///
-    /// Example: omen explain --store .omen/omen.db --since now-6h --until now --svg explain.svg
+    #[command(
+        after_help = "Example: omen explain --store .omen/omen.db --since now-6h --until now --svg explain.svg"
+    )]
     Explain {
         /// The agent's store (store.path).
         #[arg(long)]
@@ -196,6 +223,9 @@ enum Command {
     },
     #[cfg(feature = "lab")]
     /// Simulate every scenario in a folder, replay each through the pipeline and score the warnings.
+    #[command(
+        after_help = "Example: omen evaluate-warnings --scenarios deploy/scenarios --seeds 3 --out warnings.json"
+    )]
     EvaluateWarnings {
         /// Folder of scenario files (*.yaml).
         #[arg(long)]
@@ -219,8 +249,9 @@ enum Command {
     #[cfg(feature = "lab")]
     /// Fill a new store with weeks of a large node's KV-cache history in accelerated time,
     /// through the agent's pipeline, and report its size and tick times.
-    ///
-    /// Example: omen fill-history --days 30 --gpus 8 --layers 80 --store /tmp/omen-30d.db
+    #[command(
+        after_help = "Example: omen fill-history --days 30 --gpus 8 --layers 80 --store /tmp/omen-30d.db"
+    )]
     FillHistory {
         /// The new store file (must not exist).
         #[arg(long)]
@@ -445,9 +476,12 @@ fn main() -> ExitCode {
             let rt = runtime()?;
             rt.block_on(omen_agent::run::run(cfg))
         }),
-        Command::CheckConfig { config } => match Config::load(&config) {
-            Ok(_) => {
-                println!("{}: ok", config.display());
+        Command::CheckConfig { config, print } => match Config::load(&config) {
+            Ok(effective) => {
+                if print {
+                    print!("{}", effective.to_yaml());
+                }
+                eprintln!("{}: ok", config.display());
                 Ok(())
             }
             Err(problems) => {

@@ -129,12 +129,13 @@ signals! {
     /// The combined health score.
     HEALTH_SCORE = "health_score", "", "omen.health_score", true, None,
         "Combined degradation score, [0,1]: 0 healthy, >= 0.6 warning, >= 0.8 critical";
-    /// Days until an SLO breach.
-    FORECAST_DAYS_TO_BREACH = "forecast_days_to_breach", "d", "omen.forecast_days_to_breach", true, None,
-        "Days until the SLO indicator's Theil-Sen trend crosses its threshold";
-    /// Far end of the days-to-breach interval.
-    FORECAST_DAYS_TO_BREACH_UPPER = "forecast_days_to_breach_upper", "d", "omen.forecast_days_to_breach_upper",
-        true, None, "Far end of the days_to_breach interval";
+    /// Time until an SLO breach, seconds (the base unit; /scores/latest says days_to_breach).
+    FORECAST_TIME_TO_BREACH = "forecast_time_to_breach_seconds", "s", "omen.forecast_time_to_breach", true, None,
+        "Seconds until the SLO indicator's trend crosses its threshold (divide by 86400 for days)";
+    /// Far end of the time-to-breach interval, seconds.
+    FORECAST_TIME_TO_BREACH_UPPER = "forecast_time_to_breach_upper_seconds", "s",
+        "omen.forecast_time_to_breach_upper", true, None,
+        "Far end of the time-to-breach interval, seconds";
     /// Whether a source's last collection succeeded.
     SOURCE_UP = "source_up", "", "omen.source_up", false, None,
         "1 when the source's last collection succeeded, else 0";
@@ -229,8 +230,8 @@ pub const DERIVED: [&str; 5] = [
     ANOMALY_SCORE.name,
     LSTM_AE_SCORE.name,
     HEALTH_SCORE.name,
-    FORECAST_DAYS_TO_BREACH.name,
-    FORECAST_DAYS_TO_BREACH_UPPER.name,
+    FORECAST_TIME_TO_BREACH.name,
+    FORECAST_TIME_TO_BREACH_UPPER.name,
 ];
 
 /// Whether `name` is a signal omen derives itself (not scored again, not a model input).

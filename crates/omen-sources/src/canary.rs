@@ -23,7 +23,7 @@ use omen_signals::{
     catalogue, consistency_decay_index, first_token_entropy_from_top_logprobs, BleuReference, Rci, RciParts,
     RciWeights, SignalError, StreamingRci, TopKEntropy,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::openai_stream::{Chunk, Logprobs};
 use crate::Sample;
@@ -43,6 +43,14 @@ fn default_timeout() -> Duration {
     Duration::from_secs(30)
 }
 
+/// Writes a secret as `<redacted>` (or null when unset), so that printing a config never shows it.
+fn serialize_redacted<S: serde::Serializer>(secret: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(_) => s.serialize_some("<redacted>"),
+        None => s.serialize_none(),
+    }
+}
+
 fn default_chat() -> bool {
     true
 }
@@ -51,15 +59,15 @@ fn default_chat() -> bool {
 ///
 /// `base_url` is the API root including `/v1`, e.g. `http://127.0.0.1:18080/v1`.
 /// Only `http://` is supported by this build (no TLS).
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CanaryTarget {
     /// API root including `/v1`, e.g. `http://127.0.0.1:18080/v1`.
     pub base_url: String,
     /// Model name sent in each request (`--served-model-name` / llama.cpp `--alias`).
     pub model: String,
-    /// Bearer token, if the server wants one.
-    #[serde(default)]
+    /// Bearer token, if the server wants one (printed as `<redacted>`).
+    #[serde(default, serialize_with = "serialize_redacted")]
     pub api_key: Option<String>,
     /// Most output tokens per probe (default 64).
     #[serde(default = "default_max_tokens")]
@@ -90,7 +98,7 @@ impl std::fmt::Debug for CanaryTarget {
 }
 
 /// One canary prompt.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Canary {
     /// Identifier; becomes the `canary` label of every sample.
@@ -106,7 +114,7 @@ pub struct Canary {
 }
 
 /// The canary source's section of the agent config (`sources.canary` in omen.yaml).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CanarySourceConfig {
     /// Time between probe rounds (every prompt once per round).

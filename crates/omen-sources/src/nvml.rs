@@ -10,12 +10,12 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::Nvml;
 use omen_signals::catalogue;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Sample;
 
 /// The NVML source's section of the agent config (`sources.nvml` in omen.yaml).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NvmlSourceConfig {
     /// Try NVML at start-up.

@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use omen_signals::catalogue;
 use prom_text_format_parser::{Metric, ScrapeParseError, Type, ValueType};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Sample;
 
@@ -322,7 +322,7 @@ type Labels = BTreeMap<String, String>;
 
 /// Identity of a source series between scrapes: metric name and labels (without `le`).
 /// The scrape source's section of the agent config (`sources.server_metrics` in omen.yaml).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerMetricsConfig {
     /// e.g. http://127.0.0.1:8000/metrics

@@ -5,14 +5,14 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::nsys::{arena_samples, NsysError};
 use crate::trace::{read_jsonl_trace, TraceError};
 use crate::Sample;
 
 /// The trace source's section of the agent config (`sources.trace` in omen.yaml).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceSourceConfig {
     /// JSONL trace file (plain or .gz), or an Nsight Systems `.sqlite` export.

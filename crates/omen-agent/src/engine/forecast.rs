@@ -13,6 +13,9 @@ use super::{to_labels, AlertEvent, Engine, Level};
 use crate::config::{Direction, SloConfig, SloIndicator, TrendScale};
 use omen_store::DAY_MS;
 
+/// The exported time to breach is in seconds (Prometheus' base unit); forecasts count days.
+const SECONDS_PER_DAY: f64 = 86_400.0;
+
 /// Forecast of one SLO.
 #[derive(Debug, Clone, Serialize)]
 pub struct SloForecast {
@@ -96,7 +99,7 @@ impl Engine {
         Ok(out)
     }
 
-    /// Publishes each forecast's days to breach (withdrawn when not forecast), adds them to
+    /// Publishes each forecast's time to breach in seconds (withdrawn when not forecast), adds them to
     /// the tick's samples, and records an alert event when an SLO's early warning changes.
     pub(super) fn publish_forecasts(
         &mut self,
@@ -107,9 +110,10 @@ impl Engine {
         for f in forecasts {
             let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();
             for (name, value) in [
-                (catalogue::FORECAST_DAYS_TO_BREACH.name, f.days_to_breach),
-                (catalogue::FORECAST_DAYS_TO_BREACH_UPPER.name, f.days_to_breach_upper),
+                (catalogue::FORECAST_TIME_TO_BREACH.name, f.days_to_breach),
+                (catalogue::FORECAST_TIME_TO_BREACH_UPPER.name, f.days_to_breach_upper),
             ] {
+                let value = value.map(|days| days * SECONDS_PER_DAY);
                 match value {
                     Some(v) => {
                         self.live.set_gauge(name, to_labels(&labels), v);

@@ -63,7 +63,7 @@ pub enum RequestError {
         timeout: Duration,
     },
     /// HTTP error status.
-    #[error("request to {url} got HTTP {status}: {body}")]
+    #[error("request to {url} got HTTP {status}: {body}; {}", status_hint(*.status))]
     Status {
         /// The URL.
         url: String,
@@ -87,6 +87,17 @@ pub enum RequestError {
         /// What was wrong.
         reason: String,
     },
+}
+
+/// What an HTTP error status from an OpenAI-compatible server usually means, and what to do.
+fn status_hint(status: u16) -> &'static str {
+    match status {
+        401 | 403 => "pass --api-key (or set OMEN_BENCH_API_KEY)",
+        404 => "check that --endpoint is the API root ending in /v1 (e.g. http://127.0.0.1:8000/v1) and the model name",
+        400 | 422 => "the server rejected the request; check the model name, max_tokens and the context length",
+        429 | 503 => "the server is overloaded or still loading; lower the rate or wait for it",
+        _ => "see the server's log",
+    }
 }
 
 impl RequestError {
