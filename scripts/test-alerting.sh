@@ -71,6 +71,18 @@ check "promtool check config $R/prometheus.yml" promtool check config "$R/promet
 # ------------------------------------------------------------ amtool
 check "amtool check-config $R/alertmanager.yml" amtool check-config "$R/alertmanager.yml"
 
+# ------------------------------------------------------------ recording rule names
+# Prometheus' convention level:metric:operations: the labels kept, the omen metric, the
+# operations newest first (https://prometheus.io/docs/practices/rules/).
+bad_records=$(grep -E '^[[:space:]]*- record:' "$R/omen-rules.yml" | awk '{print $3}' |
+  grep -vE '^[a-z]+(_[a-z]+)*:omen_[a-z0-9_]+:[a-z0-9_]+$' || true)
+nrecords=$(grep -cE '^[[:space:]]*- record:' "$R/omen-rules.yml" || true)
+if [ -z "$bad_records" ] && [ "$nrecords" -gt 0 ]; then
+  ok "recording rules named level:omen_metric:operations ($nrecords)"
+else
+  ko "recording rules named level:omen_metric:operations" "$bad_records"
+fi
+
 # ------------------------------------------------------------ per-alert lint
 # One TSV line per alert: name severity signal summary? description? runbook_url
 awk '
