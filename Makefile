@@ -14,7 +14,7 @@ DEPLOY_VENV := .venv-deploy
 BERT_VENV := .venv-bert
 OMEN_CONFIG ?= deploy/omen.local.yaml
 
-.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-integrations test-fuzz fuzz test-fixtures test-ops lint fmt bench fixtures clean
+.PHONY: build setup setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model fixtures-bert run test e2e test-rust test-integrations test-fuzz fuzz test-fixtures test-ops lint fmt bench fixtures deploy-monitoring clean
 
 ## setup: install everything the build, tests and `make run` need (idempotent)
 setup: setup-rust setup-apt setup-python setup-llm setup-vllm setup-torch setup-bertscore-model
@@ -122,6 +122,10 @@ bench: setup-rust setup-apt setup-torch
 	bash scripts/bench-agent.sh
 	BENCH_LEAN=1 bash scripts/bench-agent.sh
 	SOAK_SECONDS=300 BENCH_NO_BUILD=1 bash scripts/bench-scale.sh soak
+
+## deploy-monitoring: regenerate deploy/base's PrometheusRule and Grafana dashboards ConfigMap from alerting-rules/ and dashboards/
+deploy-monitoring: setup-python
+	$(DEPLOY_VENV)/bin/python scripts/gen-deploy-monitoring.py
 
 ## fixtures: regenerate the reference vectors from sacreBLEU, numpy, pandas and scipy
 fixtures: setup-python

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Render deploy/base and validate it; run through scripts/test-deploy.sh.
+"""Render deploy/base and deploy/overlays/plain-sidecar and validate them; run through scripts/test-deploy.sh.
 
 Needs the venv made by test-deploy.sh's install line (kubernetes-validate,
 PyYAML, dockerfile) and, for rendering, `kubectl` (its built-in kustomize).
 
 1. Render. `kubectl kustomize deploy/base` is the renderer. The kustomization
-   is also rendered by a small Python renderer limited to what deploy/base
-   uses (resources, namespace, commonLabels, images); with kubectl present the
+   is also rendered by a small Python renderer limited to what deploy/ uses
+   (resources, namespace, labels, images; the overlay's JSON patches move and
+   remove); with kubectl present the
    two renders must agree object for object, without kubectl the Python render
    is what gets validated (and the run says so).
 2. Schema. Every core object is validated with kubernetes-validate (the
@@ -14,10 +15,16 @@ PyYAML, dockerfile) and, for rendering, `kubectl` (its built-in kustomize).
    are errors) for each version in K8S_VERSIONS. The PodMonitor (a
    prometheus-operator CRD, not in those schemas) is validated against
    PODMONITOR_SCHEMA below: the subset of monitoring.coreos.com/v1 PodMonitor
-   that deploy/base uses, with unknown fields rejected.
+   that deploy/base uses, with unknown fields rejected; the PrometheusRule
+   likewise (PROMETHEUSRULE_SCHEMA), and both generated files (PrometheusRule,
+   Grafana dashboards ConfigMap) must equal what scripts/gen-deploy-monitoring.py
+   makes of alerting-rules/ and dashboards/.
 3. Sidecar contract: the omen container is non-root (65532), has a read-only
-   root filesystem, drops all capabilities, has requests and limits, probes
-   /healthz and /readyz on its `metrics` port 9465, mounts the PVC at
+   root filesystem, drops all capabilities, has requests and limits, a liveness
+   probe on /healthz of its `metrics` port 9465 and no readiness or startup probe
+   (its health never takes vLLM out of its Service), is a native sidecar
+   (init container, restartPolicy Always) in the base and a plain container in
+   the overlay, mounts the PVC at
    /var/lib/omen and the config at /etc/omen; omen.yaml listens on
    127.0.0.1:9464 and 0.0.0.0:9465; vLLM runs vllm/vllm-openai with a GPU
    limit; the PodMonitor and Service select the pod and name existing ports.
@@ -41,6 +48,9 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(ROOT, "deploy", "base")
+PLAIN = os.path.join(ROOT, "deploy", "overlays", "plain-sidecar")
+# Each rendered kustomization: (folder, whether omen is a native sidecar there).
+TARGETS = [(BASE, True), (PLAIN, False)]
 DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")
 K8S_VERSIONS = ["1.29.0", "1.37.0"]
 OMEN_UID = 65532
@@ -86,6 +96,30 @@ PODMONITOR_SCHEMA = {
     },
 }
 
+RULE = {
+    "type": "object", "additionalProperties": False, "required": ["expr"],
+    "properties": {"record": {"type": "string", "pattern": r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"},
+                   "alert": {"type": "string", "minLength": 1}, "expr": {"type": "string", "minLength": 1},
+                   "for": {"type": "string", "pattern": DURATION}, "keep_firing_for": {"type": "string", "pattern": DURATION},
+                   "labels": STRMAP, "annotations": STRMAP},
+    "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+}
+PROMETHEUSRULE_SCHEMA = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": PODMONITOR_SCHEMA["properties"]["metadata"],
+        "spec": {"type": "object", "required": ["groups"], "additionalProperties": False,
+                 "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                     "type": "object", "required": ["name", "rules"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string", "minLength": 1},
+                                    "interval": {"type": "string", "pattern": DURATION},
+                                    "rules": {"type": "array", "minItems": 1, "items": RULE}}}}}},
+    },
+}
+CRD_SCHEMAS = {"PodMonitor": PODMONITOR_SCHEMA, "PrometheusRule": PROMETHEUSRULE_SCHEMA}
+
 passed = 0
 failed = 0
 
@@ -104,17 +138,17 @@ def report(ok, label, details=()):
 
 
 # ------------------------------------------------------------------ render
-def render_kubectl():
+def render_kubectl(folder):
     kubectl = shutil.which("kubectl")
     if not kubectl:
         return None, "kubectl not found"
-    r = subprocess.run([kubectl, "kustomize", BASE], capture_output=True, text=True)
+    r = subprocess.run([kubectl, "kustomize", folder], capture_output=True, text=True)
     if r.returncode != 0:
         return None, f"kubectl kustomize failed ({r.returncode}):\n{r.stderr}"
     return [d for d in yaml.safe_load_all(r.stdout) if d], None
 
 
-SUPPORTED_KEYS = {"apiVersion", "kind", "namespace", "commonLabels", "resources", "images"}
+SUPPORTED_KEYS = {"apiVersion", "kind", "namespace", "labels", "resources", "images", "patches"}
 
 
 def image_name(image):
@@ -124,27 +158,67 @@ def image_name(image):
     return head if sep and "/" not in tail else name
 
 
-def render_python():
-    """Kustomize subset: resources (files), namespace, commonLabels (metadata
-    labels everywhere; Deployment selector + pod template; Service selector,
-    as kustomize's built-in field specs do for these kinds), images."""
-    with open(os.path.join(BASE, "kustomization.yaml")) as f:
+def json_pointer(doc, pointer):
+    """(parent, last key) of an RFC 6901 pointer; list indices as ints, '-' kept."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("/").split("/")]
+    for p in parts[:-1]:
+        doc = doc[int(p)] if isinstance(doc, list) else doc[p]
+    last = parts[-1]
+    return doc, (last if not isinstance(doc, list) or last == "-" else int(last))
+
+
+def apply_json6902(doc, ops):
+    """The JSON patch operations the overlay uses: move, remove, add (RFC 6902)."""
+    for op in ops:
+        if op["op"] == "remove" or op["op"] == "move":
+            parent, k2 = json_pointer(doc, op["from"] if op["op"] == "move" else op["path"])
+            value = parent.pop(k2)
+            if op["op"] == "remove":
+                continue
+        elif op["op"] == "add":
+            value = op["value"]
+        else:
+            raise ValueError(f"python renderer does not support JSON patch op {op['op']!r}")
+        parent, k2 = json_pointer(doc, op["path"])
+        if isinstance(parent, list):
+            parent.append(value) if k2 == "-" else parent.insert(k2, value)
+        else:
+            parent[k2] = value
+
+
+def render_python(folder=BASE):
+    """Kustomize subset: resources (files or a base folder), namespace, labels with
+    includeSelectors (metadata labels everywhere; with selectors: Deployment selector + pod
+    template, Service selector, as kustomize's built-in field specs do for these kinds),
+    images, and patches with a target kind/name and a JSON 6902 patch."""
+    with open(os.path.join(folder, "kustomization.yaml")) as f:
         k = yaml.safe_load(f)
     extra = set(k) - SUPPORTED_KEYS
     if extra:
         raise ValueError(f"python renderer does not support kustomization keys {sorted(extra)}")
     objs = []
     for res in k.get("resources", []):
-        with open(os.path.join(BASE, res)) as f:
+        path = os.path.join(folder, res)
+        if os.path.isdir(path):
+            objs += render_python(path)
+            continue
+        with open(path) as f:
             objs += [d for d in yaml.safe_load_all(f) if d]
-    labels = k.get("commonLabels", {}) or {}
     images = {i["name"]: i for i in k.get("images", []) or []}
+    for patch in k.get("patches", []) or []:
+        t = patch["target"]
+        for o in objs:
+            if o["kind"] == t.get("kind") and o["metadata"]["name"] == t.get("name"):
+                apply_json6902(o, yaml.safe_load(patch["patch"]))
     for o in objs:
         md = o.setdefault("metadata", {})
         if k.get("namespace"):
             md["namespace"] = k["namespace"]
-        if labels:
+        for group in k.get("labels", []) or []:
+            labels = group.get("pairs") or {}
             md.setdefault("labels", {}).update(labels)
+            if not group.get("includeSelectors"):
+                continue
             if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"):
                 o["spec"].setdefault("selector", {}).setdefault("matchLabels", {}).update(labels)
                 o["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {}).update(labels)
@@ -194,14 +268,15 @@ def by_kind(objs, kind):
 
 
 def container(pod_spec, name):
-    for c in pod_spec.get("containers", []):
+    for c in pod_spec.get("containers", []) + pod_spec.get("initContainers", []):
         if c.get("name") == name:
             return c
     return None
 
 
 def port_names(pod_spec):
-    return {p.get("name"): p.get("containerPort") for c in pod_spec.get("containers", []) for p in c.get("ports", [])}
+    every = pod_spec.get("containers", []) + pod_spec.get("initContainers", [])
+    return {p.get("name"): p.get("containerPort") for c in every for p in c.get("ports", [])}
 
 
 def probe_problems(c, kind, path, port_name):
@@ -212,10 +287,18 @@ def probe_problems(c, kind, path, port_name):
     return []
 
 
-def check_omen_container(c, pod_spec, pvcs, cms):
+def check_omen_container(c, pod_spec, pvcs, cms, native):
     errs = []
     if c is None:
         return ["no container named 'omen'"]
+    in_init = any(x is c for x in pod_spec.get("initContainers", []))
+    if native and not (in_init and c.get("restartPolicy") == "Always"):
+        errs.append("omen must be a native sidecar: an initContainer with restartPolicy: Always")
+    if not native and (in_init or "restartPolicy" in c):
+        errs.append("omen must be a plain container (no initContainer, no restartPolicy) in the plain-sidecar overlay")
+    for probe in ("readinessProbe", "startupProbe"):
+        if probe in c:
+            errs.append(f"omen must have no {probe}: its health must never take vLLM out of its Service or hold back its start")
     sc = c.get("securityContext") or {}
     want = {"runAsNonRoot": True, "runAsUser": OMEN_UID, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
     for k2, v in want.items():
@@ -234,7 +317,6 @@ def check_omen_container(c, pod_spec, pvcs, cms):
     if (ports.get("metrics") or {}).get("containerPort") != 9465:
         errs.append(f"port 'metrics' must be containerPort 9465, got {ports}")
     errs += probe_problems(c, "livenessProbe", "/healthz", "metrics")
-    errs += probe_problems(c, "readinessProbe", "/readyz", "metrics")
     mounts = {m.get("mountPath"): m for m in c.get("volumeMounts", [])}
     vols = {v.get("name"): v for v in pod_spec.get("volumes", [])}
     store = mounts.get("/var/lib/omen")
@@ -286,7 +368,7 @@ def selects(selector, labels):
     return bool(selector) and all(labels.get(k2) == v for k2, v in selector.items())
 
 
-def check_manifests(objs):
+def check_manifests(objs, native=True):
     deps = by_kind(objs, "Deployment")
     report(len(deps) == 1, "one Deployment", [f"got {len(deps)}"])
     if not deps:
@@ -297,8 +379,9 @@ def check_manifests(objs):
     pod_labels = pod.get("metadata", {}).get("labels", {})
     pvcs = {o["metadata"]["name"]: o for o in by_kind(objs, "PersistentVolumeClaim")}
     cms = {o["metadata"]["name"]: o for o in by_kind(objs, "ConfigMap")}
-    e = check_omen_container(container(spec, "omen"), spec, pvcs, cms)
-    report(not e, "omen sidecar: non-root, read-only, no capabilities, resources, probes, ports, mounts, config", e)
+    e = check_omen_container(container(spec, "omen"), spec, pvcs, cms, native)
+    form = "native sidecar" if native else "plain container"
+    report(not e, f"omen {form}: non-root, read-only, no capabilities, resources, liveness only, ports, mounts, config", e)
     e = check_vllm_container(container(spec, "vllm"))
     report(not e, "vllm container: vllm/vllm-openai image with a GPU limit", e)
     e = []
@@ -336,26 +419,39 @@ def check_manifests(objs):
     with open(os.path.join(BASE, "kustomization.yaml")) as f:
         k = yaml.safe_load(f)
     e = []
+    common = {lk: lv for group in k.get("labels") or [] for lk, lv in (group.get("pairs") or {}).items()}
+    if not common:
+        e.append("deploy/base sets no common labels (`labels`)")
     for o in objs:
         md = o.get("metadata", {})
         if md.get("namespace") != k.get("namespace"):
             e.append(f"{key(o)}: namespace {md.get('namespace')!r}")
-        for lk, lv in (k.get("commonLabels") or {}).items():
+        for lk, lv in common.items():
             if (md.get("labels") or {}).get(lk) != lv:
                 e.append(f"{key(o)}: missing common label {lk}={lv}")
     kinds = sorted(o["kind"] for o in objs)
-    if kinds != sorted(["ConfigMap", "Deployment", "PersistentVolumeClaim", "PodMonitor", "Service"]):
+    want = ["ConfigMap", "ConfigMap", "Deployment", "PersistentVolumeClaim", "PodMonitor", "PrometheusRule", "Service"]
+    if kinds != sorted(want):
         e.append(f"unexpected set of kinds {kinds}")
     report(not e, "namespace and common labels on every object; expected kinds", e)
+    e = []
+    boards = [o for o in by_kind(objs, "ConfigMap") if (o["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"]
+    if len(boards) != 1 or not all(n.endswith(".json") for n in boards[0].get("data", {})) or not boards[0].get("data"):
+        e.append(f"want one ConfigMap labelled grafana_dashboard: \"1\" holding *.json, got {[b['metadata']['name'] for b in boards]}")
+    report(not e, "Grafana dashboards ConfigMap (label grafana_dashboard: \"1\")", e)
 
 
 def validate_schemas(objs):
     for o in objs:
         name = f"{o['kind']}/{o['metadata']['name']}"
         if o.get("apiVersion") == "monitoring.coreos.com/v1":
+            schema = CRD_SCHEMAS.get(o["kind"])
+            if schema is None:
+                report(False, f"schema {name}", [f"no schema for monitoring.coreos.com/v1 {o['kind']}"])
+                continue
             errs = [f"{'/'.join(map(str, er.absolute_path))}: {er.message}"
-                    for er in jsonschema.Draft7Validator(PODMONITOR_SCHEMA).iter_errors(o)]
-            report(not errs, f"schema {name} (PodMonitor subset of monitoring.coreos.com/v1)", errs)
+                    for er in jsonschema.Draft7Validator(schema).iter_errors(o)]
+            report(not errs, f"schema {name} ({o['kind']} subset of monitoring.coreos.com/v1)", errs)
             continue
         for v in K8S_VERSIONS:
             try:
@@ -430,8 +526,11 @@ def self_test(objs):
     omen = container(dep["spec"]["template"]["spec"], "omen")
     omen["securityContext"]["runAsUser"] = 0
     omen["livenessProbe"]["httpGet"]["path"] = "/health"
+    omen["readinessProbe"] = {"httpGet": {"path": "/readyz", "port": "metrics"}}
+    omen.pop("restartPolicy")
+    by_kind(bad, "PrometheusRule")[0]["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
     omen["ports"][0]["containerPort"] = 9999
-    dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].pop("nvidia.com/gpu")
+    container(dep["spec"]["template"]["spec"], "vllm")["resources"]["limits"].pop("nvidia.com/gpu")
     by_kind(bad, "Service")[0]["spec"]["ports"][0]["port"] = "eighty"
     dep["spec"]["replicass"] = 1
     by_kind(bad, "PodMonitor")[0]["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"
@@ -444,22 +543,26 @@ def self_test(objs):
     out = buf.getvalue()
     passed, failed = saved
     expect = ["runAsUser must be 65532", "livenessProbe must be httpGet /healthz", "port 'metrics' must be containerPort 9465",
-              "must request nvidia.com/gpu", "'eighty'", "replicass", "interval"]
+              "must request nvidia.com/gpu", "'eighty'", "replicass", "interval", "must have no readinessProbe",
+              "must be a native sidecar", "5 minutes"]
     missing = [x for x in expect if x not in out]
     report(not missing, "self-test: planted manifest defects are detected", [f"not detected: {m}" for m in missing])
 
 
-def main():
-    objs, err = render_kubectl()
+def render(folder):
+    """The objects of one kustomization: kubectl's render checked against the python one, or
+    the python one alone without kubectl."""
+    rel = os.path.relpath(folder, ROOT)
+    objs, err = render_kubectl(folder)
     try:
-        py = render_python()
+        py = render_python(folder)
         py_err = None
-    except (OSError, ValueError, KeyError, yaml.YAMLError) as e:
+    except (OSError, ValueError, KeyError, IndexError, yaml.YAMLError) as e:
         py, py_err = None, str(e)
     if objs is not None:
-        report(True, f"kubectl kustomize deploy/base renders {len(objs)} objects")
+        report(True, f"kubectl kustomize {rel} renders {len(objs)} objects")
         if py is None:
-            report(False, "python renderer agrees with kubectl kustomize", [py_err])
+            report(False, f"{rel}: python renderer agrees with kubectl kustomize", [py_err])
         else:
             a = {key(o): o for o in objs}
             b = {key(o): o for o in py}
@@ -468,22 +571,37 @@ def main():
             for k2 in a:
                 if k2 in b:
                     d += [f"{k2}{x}" for x in diff(a[k2], b[k2])]
-            report(not d, "python renderer agrees with kubectl kustomize", d)
+            report(not d, f"{rel}: python renderer agrees with kubectl kustomize", d)
+        return objs
+    if err != "kubectl not found":
+        report(False, f"kubectl kustomize {rel}", [err])
     else:
-        if err != "kubectl not found":
-            report(False, "kubectl kustomize deploy/base", [err])
-        else:
-            print("note: kubectl not found (install: apt-get install -y kubernetes-client); validating the python render")
-        if py is None:
-            report(False, "python renderer", [py_err])
-            objs = []
-        else:
-            report(True, f"python renderer renders {len(py)} objects")
-            objs = py
-    if objs:
-        validate_schemas(objs)
-        check_manifests(objs)
-        self_test(objs)
+        print(f"note: kubectl not found (install: apt-get install -y kubernetes-client); validating the python render of {rel}")
+    if py is None:
+        report(False, f"{rel}: python renderer", [py_err])
+        return []
+    report(True, f"{rel}: python renderer renders {len(py)} objects")
+    return py
+
+
+def check_generated():
+    """The PrometheusRule and the dashboards ConfigMap are what the generator makes of their sources."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen-deploy-monitoring.py"), "--check"],
+                       capture_output=True, text=True)
+    report(r.returncode == 0, "deploy/base prometheusrule.yaml and grafana-dashboards.yaml are generated from "
+           "alerting-rules/omen-rules.yml and dashboards/*.json", [r.stdout + r.stderr] if r.returncode else ())
+
+
+def main():
+    check_generated()
+    for folder, native in TARGETS:
+        objs = render(folder)
+        if objs:
+            print(f"== {os.path.relpath(folder, ROOT)}")
+            validate_schemas(objs)
+            check_manifests(objs, native)
+            if native:
+                self_test(objs)
     check_dockerfile(DOCKERFILE)
     print()
     print(f"{passed} passed, {failed} failed")
