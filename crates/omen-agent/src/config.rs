@@ -414,10 +414,18 @@ pub struct OtlpConfig {
     /// Export interval.
     #[serde(default = "default_otlp_interval", with = "humantime_serde")]
     pub interval: Duration,
+    /// `gen_ai.provider.name` of the canary metrics: the API flavour omen speaks to the server
+    /// (OpenAI-compatible, hence `openai`); the GenAI conventions allow a custom value such as `vllm`.
+    #[serde(default = "default_gen_ai_provider_name")]
+    pub gen_ai_provider_name: String,
 }
 
 fn default_otlp_interval() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_gen_ai_provider_name() -> String {
+    "openai".to_owned()
 }
 
 /// One problem in a config file: the field's path and the fix.

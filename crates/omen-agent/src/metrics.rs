@@ -46,11 +46,11 @@ pub struct GaugePoint {
 /// One canary latency observation, kept for exporters that need raw values (OTLP histograms).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatencyObservation {
-    /// `ttft_seconds`, `tpot_seconds` or `e2e_seconds`.
+    /// `ttft_seconds`, `tpot_seconds`, `e2e_seconds`, or `canary_tokens` (output tokens).
     pub name: &'static str,
     /// Labels (canary).
     pub labels: Labels,
-    /// Seconds.
+    /// Seconds (tokens for `canary_tokens`).
     pub seconds: f64,
 }
 
@@ -250,6 +250,16 @@ impl LiveMetrics {
             _ => &self.e2e,
         };
         family.get_or_create(&labels).observe(seconds);
+        self.tap(name, labels, seconds);
+    }
+
+    /// Keeps a canary's output token count for the exporters (OTLP token histogram and counter);
+    /// /metrics has it as the gauge `omen_canary_tokens`.
+    pub fn record_output_tokens(&self, labels: Labels, tokens: f64) {
+        self.tap(catalogue::CANARY_TOKENS.name, labels, tokens);
+    }
+
+    fn tap(&self, name: &'static str, labels: Labels, seconds: f64) {
         if self.latency_tap.load(std::sync::atomic::Ordering::Relaxed) {
             let mut t = self.tapped.lock().unwrap_or_else(|e| e.into_inner());
             if t.len() >= MAX_TAPPED_LATENCIES {

@@ -6,20 +6,34 @@
 //! Canary latencies are taken from [`LiveMetrics::drain_latencies`] at the start
 //! of every collection and recorded in explicit-bucket histograms, so each
 //! export carries every observation made before it (cumulative temporality).
-//! Names follow the OpenTelemetry GenAI semantic conventions where one exists:
+//! Names follow the OpenTelemetry semantic conventions where one exists: the GenAI client
+//! conventions (open-telemetry/semantic-conventions-genai, development status, the version
+//! linked to semconv 1.44: `gen_ai.client.inference.*`, which replaced
+//! `gen_ai.client.operation.*` and `gen_ai.client.token.usage`) for the canary requests, which
+//! omen makes as a client, and the hardware conventions for GPU memory:
 //!
-//! | `/metrics` (Prometheus)          | OTLP instrument                        | kind          | unit  |
-//! |----------------------------------|----------------------------------------|---------------|-------|
-//! | `omen_ttft_seconds`              | `gen_ai.server.time_to_first_token`    | histogram     | `s`   |
-//! | `omen_tpot_seconds`              | `gen_ai.server.time_per_output_token`  | histogram     | `s`   |
-//! | `omen_e2e_seconds`               | `gen_ai.server.request.duration`       | histogram     | `s`   |
-//! | `omen_kvcache_usage_ratio{layer}`| `llm.decoder.kvcache.usage_ratio`      | gauge         | `1`   |
-//! | `omen_kvf_ratio{layer}`          | `omen.kvf_ratio`                       | gauge         | `1`   |
-//! | `omen_tle_bits{canary}`          | `omen.tle_bits`                        | gauge         | `bit` |
-//! | `omen_gpu_memory_used_bytes`     | `omen.gpu_memory_used_bytes`           | gauge         | `By`  |
-//! | `omen_forecast_time_to_breach_seconds` | `omen.forecast_time_to_breach`   | gauge         | `s`   |
-//! | any other gauge `omen_<name>`    | `omen.<name>`                          | gauge         |       |
-//! | (OTLP only)                      | `omen.otlp.export_failures`            | counter       |       |
+//! | `/metrics` (Prometheus)          | OTLP instrument                                  | kind          | unit      |
+//! |----------------------------------|--------------------------------------------------|---------------|-----------|
+//! | `omen_e2e_seconds`               | `gen_ai.client.inference.duration`               | histogram     | `s`       |
+//! | `omen_ttft_seconds`              | `gen_ai.client.inference.time_to_first_chunk`    | histogram     | `s`       |
+//! | `omen_tpot_seconds`              | `gen_ai.client.inference.time_per_output_chunk`  | histogram     | `s`       |
+//! | `omen_canary_tokens`             | `gen_ai.client.inference.operation.output_tokens`| histogram     | `{token}` |
+//! | `omen_canary_tokens`             | `gen_ai.client.inference.usage.output_tokens`    | counter       | `{token}` |
+//! | `omen_gpu_memory_used_bytes{gpu}`| `hw.gpu.memory.usage` (`hw.id` = gpu)            | updowncounter | `By`      |
+//! | `omen_gpu_memory_total_bytes{gpu}`| `hw.gpu.memory.limit` (`hw.id` = gpu)           | updowncounter | `By`      |
+//! | `omen_kvcache_usage_ratio{layer}`| `omen.kvcache_usage_ratio`                       | gauge         | `1`       |
+//! | `omen_kvf_ratio{layer}`          | `omen.kvf_ratio`                                 | gauge         | `1`       |
+//! | `omen_tle_bits{canary}`          | `omen.tle_bits`                                  | gauge         | `bit`     |
+//! | `omen_forecast_time_to_breach_seconds` | `omen.forecast_time_to_breach`             | gauge         | `s`       |
+//! | any other gauge `omen_<name>`    | `omen.<name>`                                    | gauge         |           |
+//! | (OTLP only)                      | `omen.otlp.export_failures`                      | counter       |           |
+//!
+//! The canary instruments carry `gen_ai.operation.name` (`chat`, or `text_completion` for a
+//! canary with `chat: false`), `gen_ai.provider.name` (`otlp.gen_ai_provider_name`),
+//! `gen_ai.request.model`, `server.address`, `server.port` (from the canary target) and
+//! `omen.canary` (the canary id). The token counter also has `gen_ai.token.modality` = `text`.
+//! Time per output chunk is recorded once per probe as its mean gap between tokens (omen
+//! keeps no per-chunk gaps). A failed probe records nothing: no `error.type` yet.
 //!
 //! So `rci`, `rci_bleu`, `rci_bertscore_f1`, `rci_repetition_ratio`,
 //! `anomaly_score`, `lstm_ae_score`, `health_score`, `source_up`, `build_info`
@@ -38,7 +52,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry::metrics::{AsyncInstrument, Histogram, Meter, MeterProvider as _, ObservableGauge};
+use opentelemetry::metrics::{
+    AsyncInstrument, Counter, Histogram, Meter, MeterProvider as _, ObservableGauge, ObservableUpDownCounter,
+};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{MetricExporter, WithExportConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -60,13 +76,72 @@ pub const TPOT_NAME: &str = catalogue::TPOT_SECONDS.otlp_name;
 pub const E2E_NAME: &str = catalogue::E2E_SECONDS.otlp_name;
 /// OTLP name of the exporter's own failure counter.
 pub const EXPORT_FAILURES_NAME: &str = "omen.otlp.export_failures";
+/// OTLP name of the canary output-token histogram (GenAI client conventions).
+pub const OUTPUT_TOKENS_NAME: &str = "gen_ai.client.inference.operation.output_tokens";
+/// OTLP name of the canary output-token counter (GenAI client conventions).
+pub const OUTPUT_TOKEN_USAGE_NAME: &str = "gen_ai.client.inference.usage.output_tokens";
 
-/// Bucket boundaries recommended by the GenAI semantic conventions.
-const TTFT_BUCKETS: [f64; 16] =
-    [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
-const TPOT_BUCKETS: [f64; 13] = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5];
-const E2E_BUCKETS: [f64; 14] =
+/// Bucket boundaries the GenAI conventions advise for the duration, time to first chunk and
+/// time per output chunk histograms (`model/gen-ai/metrics.yaml`).
+pub const DURATION_BUCKETS: [f64; 14] =
     [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+/// Bucket boundaries the GenAI conventions advise for token-count histograms.
+pub const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+/// The GenAI client attributes of the canary requests: what omen asks, of whom, and how.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenAiClient {
+    /// `gen_ai.provider.name`.
+    pub provider_name: String,
+    /// `gen_ai.request.model`.
+    pub request_model: Option<String>,
+    /// `server.address` and `server.port` of the target.
+    pub server: Option<(String, u16)>,
+    /// `gen_ai.operation.name` by canary id.
+    pub operations: HashMap<String, &'static str>,
+}
+
+impl GenAiClient {
+    /// The attributes for the canary source `canary` (none configured: only the provider name).
+    pub fn new(provider_name: &str, canary: Option<&omen_sources::CanarySourceConfig>) -> Self {
+        let mut client = Self { provider_name: provider_name.to_owned(), ..Self::default() };
+        if let Some(c) = canary {
+            client.request_model = Some(c.target.model.clone());
+            client.server = reqwest::Url::parse(&c.target.base_url)
+                .ok()
+                .and_then(|u| Some((u.host_str()?.to_owned(), u.port_or_known_default()?)));
+            for p in &c.prompts {
+                client.operations.insert(p.id.clone(), if p.chat { "chat" } else { "text_completion" });
+            }
+        }
+        client
+    }
+
+    /// The attributes of one observation of canary `labels` (its `canary` label becomes `omen.canary`).
+    fn attributes(&self, labels: &Labels) -> Vec<KeyValue> {
+        let canary = labels.iter().find(|(k, _)| k == "canary").map(|(_, v)| v.as_str());
+        let operation = canary.and_then(|c| self.operations.get(c).copied()).unwrap_or("chat");
+        let mut out = vec![
+            KeyValue::new("gen_ai.operation.name", operation),
+            KeyValue::new("gen_ai.provider.name", self.provider_name.clone()),
+        ];
+        if let Some(model) = &self.request_model {
+            out.push(KeyValue::new("gen_ai.request.model", model.clone()));
+        }
+        if let Some((address, port)) = &self.server {
+            out.push(KeyValue::new("server.address", address.clone()));
+            out.push(KeyValue::new("server.port", i64::from(*port)));
+        }
+        for (k, v) in labels {
+            let key = if k == "canary" { "omen.canary".to_owned() } else { format!("omen.{k}") };
+            out.push(KeyValue::new(key, v.clone()));
+        }
+        out
+    }
+}
 
 /// Longest instrument name OpenTelemetry accepts.
 const MAX_NAME_LEN: usize = 255;
@@ -184,7 +259,11 @@ impl std::fmt::Debug for OtlpExporter {
 
 /// Starts exporting `live` to `cfg.endpoint` (OTLP/gRPC, plain-text HTTP/2)
 /// every `cfg.interval`; callable from sync or async code.
-pub fn start(cfg: &OtlpConfig, live: Arc<LiveMetrics>) -> Result<OtlpExporter, OtlpError> {
+pub fn start(
+    cfg: &OtlpConfig,
+    live: Arc<LiveMetrics>,
+    client: GenAiClient,
+) -> Result<OtlpExporter, OtlpError> {
     check_endpoint(&cfg.endpoint)?;
     if cfg.interval.is_zero() {
         return Err(OtlpError::ZeroInterval);
@@ -228,7 +307,7 @@ pub fn start(cfg: &OtlpConfig, live: Arc<LiveMetrics>) -> Result<OtlpExporter, O
     );
 
     live.enable_latency_tap();
-    let latency = LatencyHistograms::new(&meter);
+    let latency = LatencyHistograms::new(&meter, client);
     {
         let live = live.clone();
         let counters = counters.clone();
@@ -362,43 +441,66 @@ fn unit_for(name: &str) -> Option<&'static str> {
     }
 }
 
-/// The canary latency histograms.
+/// The canary instruments of the GenAI client conventions.
 struct LatencyHistograms {
     ttft: Histogram<f64>,
     tpot: Histogram<f64>,
     e2e: Histogram<f64>,
+    output_tokens: Histogram<u64>,
+    output_token_usage: Counter<u64>,
+    client: GenAiClient,
 }
 
 impl LatencyHistograms {
-    fn new(meter: &Meter) -> Self {
-        let build = |name: &'static str, description: &'static str, buckets: &[f64]| {
+    fn new(meter: &Meter, client: GenAiClient) -> Self {
+        let build = |name: &'static str, description: &'static str| {
             meter
                 .f64_histogram(name)
                 .with_description(description)
                 .with_unit("s")
-                .with_boundaries(buckets.to_vec())
+                .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build()
         };
         Self {
-            ttft: build(TTFT_NAME, "Canary time to first token.", &TTFT_BUCKETS),
-            tpot: build(TPOT_NAME, "Canary time per output token after the first.", &TPOT_BUCKETS),
-            e2e: build(E2E_NAME, "Canary end-to-end request duration.", &E2E_BUCKETS),
+            ttft: build(TTFT_NAME, "Time from a canary request to its first output chunk."),
+            tpot: build(TPOT_NAME, "Mean time per output chunk after the first, per canary request."),
+            e2e: build(E2E_NAME, "Duration of a canary inference request, end to end."),
+            output_tokens: meter
+                .u64_histogram(OUTPUT_TOKENS_NAME)
+                .with_description("Output tokens of a canary request.")
+                .with_unit("{token}")
+                .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build(),
+            output_token_usage: meter
+                .u64_counter(OUTPUT_TOKEN_USAGE_NAME)
+                .with_description("Output tokens of the canary requests.")
+                .with_unit("{token}")
+                .build(),
+            client,
         }
     }
 
-    /// Moves the observations tapped since the last collection into the histograms.
+    /// Moves the observations tapped since the last collection into the instruments.
     fn record(&self, live: &LiveMetrics, counters: &Counters) {
         for obs in live.drain_latencies() {
             if !obs.seconds.is_finite() || obs.seconds < 0.0 {
                 counters.dropped_latencies.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let histogram = match obs.name {
-                n if n == catalogue::TTFT_SECONDS.name => &self.ttft,
-                n if n == catalogue::TPOT_SECONDS.name => &self.tpot,
-                _ => &self.e2e,
-            };
-            histogram.record(obs.seconds, &attributes(&obs.labels));
+            let attributes = self.client.attributes(&obs.labels);
+            match obs.name {
+                n if n == catalogue::CANARY_TOKENS.name => {
+                    // Token counts are whole; the gauge carries them as f64.
+                    let tokens = obs.seconds.round() as u64;
+                    self.output_tokens.record(tokens, &attributes);
+                    let mut usage = attributes;
+                    usage.push(KeyValue::new("gen_ai.token.modality", "text"));
+                    self.output_token_usage.add(tokens, &usage);
+                }
+                n if n == catalogue::TTFT_SECONDS.name => self.ttft.record(obs.seconds, &attributes),
+                n if n == catalogue::TPOT_SECONDS.name => self.tpot.record(obs.seconds, &attributes),
+                _ => self.e2e.record(obs.seconds, &attributes),
+            }
         }
     }
 }
@@ -408,6 +510,8 @@ struct GaugeSet {
     meter: Meter,
     live: Arc<LiveMetrics>,
     instruments: HashMap<String, ObservableGauge<f64>>,
+    /// `hw.gpu.memory.*`, which the hardware conventions make up-down counters.
+    hardware: HashMap<String, ObservableUpDownCounter<i64>>,
     otlp_names: HashSet<String>,
     skipped: HashSet<String>,
 }
@@ -415,10 +519,54 @@ struct GaugeSet {
 impl GaugeSet {
     fn new(meter: Meter, live: Arc<LiveMetrics>) -> Self {
         let mut otlp_names = HashSet::new();
-        for reserved in [TTFT_NAME, TPOT_NAME, E2E_NAME, EXPORT_FAILURES_NAME] {
+        for reserved in [
+            TTFT_NAME,
+            TPOT_NAME,
+            E2E_NAME,
+            EXPORT_FAILURES_NAME,
+            OUTPUT_TOKENS_NAME,
+            OUTPUT_TOKEN_USAGE_NAME,
+        ] {
             otlp_names.insert(reserved.to_owned());
         }
-        Self { meter, live, instruments: HashMap::new(), otlp_names, skipped: HashSet::new() }
+        Self {
+            meter,
+            live,
+            instruments: HashMap::new(),
+            hardware: HashMap::new(),
+            otlp_names,
+            skipped: HashSet::new(),
+        }
+    }
+
+    /// GPU memory used and total as the hardware conventions' `hw.gpu.memory.usage` /
+    /// `hw.gpu.memory.limit`: integer up-down counters in bytes, the `gpu` label as `hw.id`.
+    fn hardware_gpu(&self, name: &str, otlp_name: &str) -> Option<ObservableUpDownCounter<i64>> {
+        let gpu_memory = [catalogue::GPU_MEMORY_USED_BYTES.name, catalogue::GPU_MEMORY_TOTAL_BYTES.name];
+        if !gpu_memory.contains(&name) {
+            return None;
+        }
+        let live = self.live.clone();
+        let source = name.to_owned();
+        Some(
+            self.meter
+                .i64_observable_up_down_counter(otlp_name.to_owned())
+                .with_description(help_for(name))
+                .with_unit("By")
+                .with_callback(move |observer| {
+                    for (labels, value) in live.gauge_family(&source) {
+                        let attributes: Vec<KeyValue> = labels
+                            .iter()
+                            .map(|(k, v)| {
+                                let key = if k == "gpu" { "hw.id".to_owned() } else { format!("omen.{k}") };
+                                KeyValue::new(key, v.clone())
+                            })
+                            .collect();
+                        observer.observe(value as i64, &attributes);
+                    }
+                })
+                .build(),
+        )
     }
 
     /// Registers an instrument for every gauge name not seen before.
@@ -426,7 +574,10 @@ impl GaugeSet {
         let mut names: Vec<String> = self.live.snapshot().into_iter().map(|p| p.name).collect();
         names.dedup();
         for name in names {
-            if self.instruments.contains_key(&name) || self.skipped.contains(&name) {
+            if self.instruments.contains_key(&name)
+                || self.hardware.contains_key(&name)
+                || self.skipped.contains(&name)
+            {
                 continue;
             }
             let Some(otlp_name) = otlp_gauge_name(&name).filter(|n| !self.otlp_names.contains(n)) else {
@@ -438,6 +589,11 @@ impl GaugeSet {
                 self.skipped.insert(name);
                 continue;
             };
+            if let Some(instrument) = self.hardware_gpu(&name, &otlp_name) {
+                self.hardware.insert(name, instrument);
+                self.otlp_names.insert(otlp_name);
+                continue;
+            }
             let live = self.live.clone();
             let source = name.clone();
             let mut builder = self
@@ -590,8 +746,12 @@ mod tests {
 
     #[test]
     fn zero_interval_is_rejected() {
-        let cfg = OtlpConfig { endpoint: "http://127.0.0.1:4317".into(), interval: Duration::ZERO };
-        let e = start(&cfg, Arc::new(LiveMetrics::new())).unwrap_err();
+        let cfg = OtlpConfig {
+            endpoint: "http://127.0.0.1:4317".into(),
+            interval: Duration::ZERO,
+            gen_ai_provider_name: "openai".into(),
+        };
+        let e = start(&cfg, Arc::new(LiveMetrics::new()), GenAiClient::default()).unwrap_err();
         assert!(e.to_string().contains("interval: 30s"), "{e}");
     }
 }

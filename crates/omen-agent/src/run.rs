@@ -128,7 +128,10 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     let registry = Arc::new(metrics::registry(live.clone()));
     // Before any source starts, so that the OTLP histograms see every latency.
     let otlp = match &cfg.otlp {
-        Some(o) => Some(crate::otlp::start(o, live.clone()).map_err(|e| anyhow::anyhow!("otlp: {e}"))?),
+        Some(o) => {
+            let client = crate::otlp::GenAiClient::new(&o.gen_ai_provider_name, cfg.sources.canary.as_ref());
+            Some(crate::otlp::start(o, live.clone(), client).map_err(|e| anyhow::anyhow!("otlp: {e}"))?)
+        }
         None => None,
     };
     let mut engine = Engine::new(cfg.clone(), store.clone(), live.clone())?;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use omen_agent::config::OtlpConfig;
 use omen_agent::metrics::LiveMetrics;
-use omen_agent::otlp::{self, OtlpError};
+use omen_agent::otlp::{self, GenAiClient, OtlpError};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -95,6 +95,17 @@ async fn start_receiver(receiver: Receiver) -> (String, tokio::sync::oneshot::Se
     (format!("http://{addr}"), stop_tx)
 }
 
+fn otlp_config(endpoint: String, interval: Duration) -> OtlpConfig {
+    OtlpConfig { endpoint, interval, gen_ai_provider_name: "openai".into() }
+}
+
+fn int_attr(attrs: &[KeyValue], key: &str) -> Option<i64> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+        any_value::Value::IntValue(v) => Some(*v),
+        _ => None,
+    })
+}
+
 fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
@@ -110,8 +121,14 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     live.set_gauge("health_score", vec![], 0.25);
     live.set_gauge("gpu_memory_used_bytes", labels(&[("gpu", "0")]), 4.0e9);
 
-    let cfg = OtlpConfig { endpoint: endpoint.clone(), interval: Duration::from_millis(200) };
-    let exporter = otlp::start(&cfg, live.clone()).unwrap();
+    let cfg = otlp_config(endpoint.clone(), Duration::from_millis(200));
+    // The attributes of a canary source probing a vLLM on 127.0.0.1:8000 with one chat canary.
+    let canary: omen_sources::CanarySourceConfig = serde_yaml::from_str(
+        "target: {base_url: 'http://127.0.0.1:8000/v1', model: smollm2}\nprompts: [{id: c1, prompt: hi}]\n",
+    )
+    .unwrap();
+    let client = GenAiClient::new("openai", Some(&canary));
+    let exporter = otlp::start(&cfg, live.clone(), client).unwrap();
 
     // Observations after start go through the latency tap; a gauge set after start is discovered.
     let c1 = labels(&[("canary", "c1")]);
@@ -119,13 +136,15 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     live.record_latency("ttft_seconds", c1.clone(), 0.06);
     live.record_latency("tpot_seconds", c1.clone(), 0.01);
     live.record_latency("e2e_seconds", c1.clone(), 0.5);
+    live.record_output_tokens(c1.clone(), 12.0);
     live.set_gauge("forecast_time_to_breach_seconds", labels(&[("slo", "ttft_p99")]), 9.5 * 86_400.0);
 
     let ready = |r: &Receiver| {
-        let ttft_done = r.latest("gen_ai.server.time_to_first_token").is_some_and(|m| match &m.data {
-            Some(metric::Data::Histogram(h)) => h.data_points.iter().any(|p| p.count == 2),
-            _ => false,
-        });
+        let ttft_done =
+            r.latest("gen_ai.client.inference.time_to_first_chunk").is_some_and(|m| match &m.data {
+                Some(metric::Data::Histogram(h)) => h.data_points.iter().any(|p| p.count == 2),
+                _ => false,
+            });
         ttft_done && r.latest("omen.forecast_time_to_breach").is_some()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -153,7 +172,7 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     );
     assert_eq!(kvf.unit, "1");
 
-    let usage = receiver.latest("llm.decoder.kvcache.usage_ratio").expect("KV usage exported");
+    let usage = receiver.latest("omen.kvcache_usage_ratio").expect("KV usage exported");
     assert!(gauge_points(&usage)
         .iter()
         .any(|(a, v)| string_attr(a, "layer").as_deref() == Some("3") && *v == 0.5));
@@ -161,28 +180,62 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     let health = receiver.latest("omen.health_score").expect("omen.health_score exported");
     assert_eq!(gauge_points(&health), vec![(vec![], 0.25)]);
     assert!(receiver.latest("omen.build_info").is_some());
-    assert_eq!(receiver.latest("omen.gpu_memory_used_bytes").unwrap().unit, "By");
+    // GPU memory by the hardware conventions: an int up-down counter in bytes, the GPU as hw.id.
+    let gpu = receiver.latest("hw.gpu.memory.usage").expect("hw.gpu.memory.usage exported");
+    assert_eq!(gpu.unit, "By");
+    let Some(metric::Data::Sum(sum)) = &gpu.data else { panic!("hw.gpu.memory.usage is not a sum: {gpu:?}") };
+    assert!(!sum.is_monotonic, "an up-down counter");
+    let point = &sum.data_points[0];
+    assert_eq!(point.value, Some(number_data_point::Value::AsInt(4_000_000_000)));
+    assert_eq!(string_attr(&point.attributes, "hw.id").as_deref(), Some("0"));
     let to_breach = receiver.latest("omen.forecast_time_to_breach").unwrap();
     assert_eq!(to_breach.unit, "s");
     let seconds = gauge_points(&to_breach);
     assert_eq!(string_attr(&seconds[0].0, "slo").as_deref(), Some("ttft_p99"));
     assert_eq!(seconds[0].1, 9.5 * 86_400.0);
 
-    let ttft = receiver.latest("gen_ai.server.time_to_first_token").unwrap();
+    let ttft = receiver.latest("gen_ai.client.inference.time_to_first_chunk").unwrap();
     assert_eq!(ttft.unit, "s");
     let Some(metric::Data::Histogram(h)) = &ttft.data else { panic!("{ttft:?}") };
     let p = &h.data_points[0];
     assert_eq!(p.count, 2);
     assert!((p.sum.unwrap() - 0.1).abs() < 1e-12, "{:?}", p.sum);
-    assert_eq!(string_attr(&p.attributes, "canary").as_deref(), Some("c1"));
     assert_eq!(p.bucket_counts.iter().sum::<u64>(), 2);
-    for (name, count, sum) in
-        [("gen_ai.server.time_per_output_token", 1, 0.01), ("gen_ai.server.request.duration", 1, 0.5)]
-    {
+    // The GenAI client attributes, and the conventions' bucket boundaries.
+    let genai = [
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.provider.name", "openai"),
+        ("gen_ai.request.model", "smollm2"),
+        ("server.address", "127.0.0.1"),
+        ("omen.canary", "c1"),
+    ];
+    for (name, count, sum) in [
+        ("gen_ai.client.inference.time_to_first_chunk", 2, 0.1),
+        ("gen_ai.client.inference.time_per_output_chunk", 1, 0.01),
+        ("gen_ai.client.inference.duration", 1, 0.5),
+    ] {
         let m = receiver.latest(name).unwrap_or_else(|| panic!("{name} exported"));
+        assert_eq!(m.unit, "s", "{name}");
         let Some(metric::Data::Histogram(h)) = &m.data else { panic!("{m:?}") };
-        assert_eq!((h.data_points[0].count, h.data_points[0].sum), (count, Some(sum)), "{name}");
+        let p = &h.data_points[0];
+        assert_eq!(p.count, count, "{name}");
+        assert!((p.sum.unwrap() - sum).abs() < 1e-12, "{name}: {:?}", p.sum);
+        assert_eq!(p.explicit_bounds, otlp::DURATION_BUCKETS.to_vec(), "{name}");
+        for (key, value) in genai {
+            assert_eq!(string_attr(&p.attributes, key).as_deref(), Some(value), "{name} {key}");
+        }
+        assert_eq!(int_attr(&p.attributes, "server.port"), Some(8000), "{name}");
     }
+    let tokens = receiver.latest("gen_ai.client.inference.operation.output_tokens").expect("output tokens");
+    assert_eq!(tokens.unit, "{token}");
+    let Some(metric::Data::Histogram(h)) = &tokens.data else { panic!("{tokens:?}") };
+    assert_eq!((h.data_points[0].count, h.data_points[0].sum), (1, Some(12.0)));
+    assert_eq!(h.data_points[0].explicit_bounds, otlp::TOKEN_BUCKETS.to_vec());
+    let usage = receiver.latest("gen_ai.client.inference.usage.output_tokens").expect("output token usage");
+    let Some(metric::Data::Sum(sum)) = &usage.data else { panic!("{usage:?}") };
+    assert!(sum.is_monotonic);
+    assert_eq!(sum.data_points[0].value, Some(number_data_point::Value::AsInt(12)));
+    assert_eq!(string_attr(&sum.data_points[0].attributes, "gen_ai.token.modality").as_deref(), Some("text"));
 
     let stats = exporter.stats();
     assert!(stats.exports >= 1 && stats.failures == 0, "{stats:?}");
@@ -190,7 +243,7 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     // Shutdown flushes: an observation made just before it reaches the receiver.
     live.record_latency("ttft_seconds", c1.clone(), 0.2);
     tokio::task::spawn_blocking(move || exporter.shutdown()).await.unwrap().unwrap();
-    let ttft = receiver.latest("gen_ai.server.time_to_first_token").unwrap();
+    let ttft = receiver.latest("gen_ai.client.inference.time_to_first_chunk").unwrap();
     let Some(metric::Data::Histogram(h)) = &ttft.data else { panic!("{ttft:?}") };
     assert_eq!(h.data_points[0].count, 3);
     let _ = stop_receiver.send(());
@@ -203,8 +256,8 @@ fn an_endpoint_with_nothing_listening_is_counted_not_fatal() {
     let endpoint = format!("http://127.0.0.1:{port}");
     let live = Arc::new(LiveMetrics::new());
     live.set_gauge("health_score", vec![], 0.1);
-    let cfg = OtlpConfig { endpoint: endpoint.clone(), interval: Duration::from_millis(200) };
-    let exporter = otlp::start(&cfg, live).unwrap();
+    let cfg = otlp_config(endpoint.clone(), Duration::from_millis(200));
+    let exporter = otlp::start(&cfg, live, GenAiClient::default()).unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(10);
     while exporter.stats().failures == 0 {
@@ -229,8 +282,8 @@ fn an_endpoint_with_nothing_listening_is_counted_not_fatal() {
 fn unusable_endpoints_fail_at_start_with_the_fix() {
     let live = Arc::new(LiveMetrics::new());
     for endpoint in ["https://collector:4317", "collector:4317"] {
-        let cfg = OtlpConfig { endpoint: endpoint.into(), interval: Duration::from_secs(30) };
-        let e = otlp::start(&cfg, live.clone()).unwrap_err();
+        let cfg = otlp_config(endpoint.into(), Duration::from_secs(30));
+        let e = otlp::start(&cfg, live.clone(), GenAiClient::default()).unwrap_err();
         assert!(matches!(e, OtlpError::Endpoint { .. }), "{e:?}");
         assert!(e.to_string().contains("http://127.0.0.1:4317"), "{e}");
     }
@@ -242,12 +295,76 @@ fn a_receiver_that_never_answers_does_not_hang_shutdown() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", silent.local_addr().unwrap());
     let live = Arc::new(LiveMetrics::new());
-    let cfg = OtlpConfig { endpoint, interval: Duration::from_millis(200) };
-    let exporter = otlp::start(&cfg, live).unwrap();
+    let cfg = otlp_config(endpoint, Duration::from_millis(200));
+    let exporter = otlp::start(&cfg, live, GenAiClient::default()).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let began = Instant::now();
     let result = exporter.shutdown();
     assert!(began.elapsed() < Duration::from_secs(8), "shutdown took {:?}", began.elapsed());
     assert!(result.is_err(), "a final export nobody answered cannot succeed");
     drop(silent);
+}
+
+#[path = "support/mod.rs"]
+mod support;
+
+/// The agent itself (`omen_agent::run::start` with an `otlp` section), probing the real
+/// llama.cpp server from `make setup`: the canary metrics reach the receiver under the GenAI
+/// client names, with the attributes taken from the canary target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_exports_its_canary_probes_by_the_genai_client_conventions() {
+    let receiver = Receiver::default();
+    let (endpoint, stop_receiver) = start_receiver(receiver.clone()).await;
+    let (_server, port) = support::start_llama_server(&[]);
+    let c = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !c.get(format!("http://127.0.0.1:{port}/health")).send().await.is_ok_and(|r| r.status() == 200) {
+        assert!(Instant::now() < deadline, "llama-server did not become healthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "store: {{path: {db}}}\nhttp: {{listen: '127.0.0.1:0'}}\nsources:\n  nvml: {{enabled: false}}\n  canary:\n    interval: 1s\n    target: {{base_url: 'http://127.0.0.1:{port}/v1', model: smollm2-135m, max_tokens: 8}}\n    prompts:\n      - {{id: capital, prompt: What is the capital of France?}}\n      - {{id: raw, prompt: The capital of France is, chat: false}}\notlp: {{endpoint: '{endpoint}', interval: 500ms, gen_ai_provider_name: llama.cpp}}\n",
+        db = dir.path().join("omen.db").display(),
+    );
+    let agent = omen_agent::run::start(omen_agent::config::Config::from_yaml(&yaml).unwrap()).await.unwrap();
+    let names = [
+        "gen_ai.client.inference.duration",
+        "gen_ai.client.inference.time_to_first_chunk",
+        "gen_ai.client.inference.operation.output_tokens",
+    ];
+    // Both canaries probed at least once, in every instrument.
+    let both = |m: &Metric| match &m.data {
+        Some(metric::Data::Histogram(h)) => h.data_points.len() == 2,
+        _ => false,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !names.iter().all(|n| receiver.latest(n).is_some_and(|m| both(&m))) {
+        assert!(Instant::now() < deadline, "no complete canary export within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for name in names {
+        let m = receiver.latest(name).unwrap();
+        let Some(metric::Data::Histogram(h)) = &m.data else { unreachable!() };
+        for p in &h.data_points {
+            let canary = string_attr(&p.attributes, "omen.canary").expect("omen.canary");
+            let operation = if canary == "raw" { "text_completion" } else { "chat" };
+            assert_eq!(
+                string_attr(&p.attributes, "gen_ai.operation.name").as_deref(),
+                Some(operation),
+                "{name}"
+            );
+            assert_eq!(
+                string_attr(&p.attributes, "gen_ai.provider.name").as_deref(),
+                Some("llama.cpp"),
+                "{name}"
+            );
+            assert_eq!(string_attr(&p.attributes, "gen_ai.request.model").as_deref(), Some("smollm2-135m"));
+            assert_eq!(string_attr(&p.attributes, "server.address").as_deref(), Some("127.0.0.1"));
+            assert_eq!(int_attr(&p.attributes, "server.port"), Some(i64::from(port)));
+            assert!(p.count >= 1 && p.sum.is_some_and(|s| s > 0.0), "{name}: {p:?}");
+        }
+    }
+    agent.stop().await.unwrap();
+    let _ = stop_receiver.send(());
 }

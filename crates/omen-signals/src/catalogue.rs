@@ -85,13 +85,13 @@ signals! {
     CANARY_E2E_SECONDS = "canary_e2e_seconds", "s", "omen.canary_e2e_seconds", false, None,
         "End-to-end latency of a canary request, seconds";
     /// Canary time to first token, as a histogram.
-    TTFT_SECONDS = "ttft_seconds", "s", "gen_ai.server.time_to_first_token", false, None,
+    TTFT_SECONDS = "ttft_seconds", "s", "gen_ai.client.inference.time_to_first_chunk", false, None,
         "Canary time to first token, seconds", Histogram;
     /// Canary time per output token after the first, as a histogram.
-    TPOT_SECONDS = "tpot_seconds", "s", "gen_ai.server.time_per_output_token", false, None,
+    TPOT_SECONDS = "tpot_seconds", "s", "gen_ai.client.inference.time_per_output_chunk", false, None,
         "Canary time per output token, seconds", Histogram;
     /// Canary end-to-end latency, as a histogram.
-    E2E_SECONDS = "e2e_seconds", "s", "gen_ai.server.request.duration", false, None,
+    E2E_SECONDS = "e2e_seconds", "s", "gen_ai.client.inference.duration", false, None,
         "Canary end-to-end latency, seconds", Histogram;
     /// The highest prompt-perturbation strength a canary's answer withstands (`omen stress`).
     CANARY_STABILITY_BOUNDARY = "canary_stability_boundary", "1", "omen.canary_stability_boundary", false, None,
@@ -103,13 +103,13 @@ signals! {
     KVF_RATIO = "kvf_ratio", "1", "omen.kvf_ratio", false, Some("kvf"),
         "KV-cache fragmentation: total free / largest free extent (>= 1)";
     /// KV-cache usage.
-    KVCACHE_USAGE_RATIO = "kvcache_usage_ratio", "1", "llm.decoder.kvcache.usage_ratio", false, Some("kv_usage"),
+    KVCACHE_USAGE_RATIO = "kvcache_usage_ratio", "1", "omen.kvcache_usage_ratio", false, Some("kv_usage"),
         "KV-cache blocks in use / total, per layer";
     /// GPU memory in use.
-    GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes", "By", "omen.gpu_memory_used_bytes", false, None,
+    GPU_MEMORY_USED_BYTES = "gpu_memory_used_bytes", "By", "hw.gpu.memory.usage", false, None,
         "GPU memory in use, bytes (NVML)";
     /// GPU memory in total.
-    GPU_MEMORY_TOTAL_BYTES = "gpu_memory_total_bytes", "By", "omen.gpu_memory_total_bytes", false, None,
+    GPU_MEMORY_TOTAL_BYTES = "gpu_memory_total_bytes", "By", "hw.gpu.memory.limit", false, None,
         "GPU memory in total, bytes (NVML)";
     /// GPU memory headroom, derived from used and total by the pipeline.
     GPU_MEMORY_HEADROOM_RATIO = "gpu_memory_headroom_ratio", "1", "omen.gpu_memory_headroom_ratio", false,

@@ -74,12 +74,14 @@ impl Engine {
         const CANARY_TTFT: &str = catalogue::CANARY_TTFT_SECONDS.name;
         const CANARY_TPOT: &str = catalogue::CANARY_TPOT_SECONDS.name;
         const CANARY_E2E: &str = catalogue::CANARY_E2E_SECONDS.name;
+        const CANARY_TOKENS: &str = catalogue::CANARY_TOKENS.name;
         const GPU_USED: &str = catalogue::GPU_MEMORY_USED_BYTES.name;
         const GPU_TOTAL: &str = catalogue::GPU_MEMORY_TOTAL_BYTES.name;
         match s.signal.as_str() {
             CANARY_TTFT => self.live.record_latency(catalogue::TTFT_SECONDS.name, canary_labels(), s.value),
             CANARY_TPOT => self.live.record_latency(catalogue::TPOT_SECONDS.name, canary_labels(), s.value),
             CANARY_E2E => self.live.record_latency(catalogue::E2E_SECONDS.name, canary_labels(), s.value),
+            CANARY_TOKENS => self.live.record_output_tokens(canary_labels(), s.value),
             GPU_USED | GPU_TOTAL => {
                 let gpu = s.labels.get("gpu").cloned().unwrap_or_default();
                 let entry = self.gpu_memory.entry(gpu.clone()).or_default();
