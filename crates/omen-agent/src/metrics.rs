@@ -19,6 +19,12 @@ use prometheus_client::registry::Registry;
 /// Sorted label pairs of one series.
 pub type Labels = Vec<(String, String)>;
 
+/// Tap name of a canary's prompt tokens (OTLP only; the server's usage count).
+pub const INPUT_TOKENS_TAP: &str = "canary_input_tokens";
+
+/// The label a failed probe's tapped observation carries its OpenTelemetry `error.type` in.
+pub const ERROR_TYPE_LABEL: &str = "error.type";
+
 /// Most distinct gauge series kept; beyond it new series are dropped and counted.
 pub const MAX_GAUGE_SERIES: usize = 20_000;
 
@@ -99,6 +105,8 @@ pub struct LiveMetrics {
     generation: Arc<AtomicU64>,
     latency_tap: std::sync::atomic::AtomicBool,
     tapped: std::sync::Mutex<Vec<LatencyObservation>>,
+    /// The model that last answered each canary (one entry per configured canary).
+    response_models: RwLock<BTreeMap<String, String>>,
     series: std::sync::atomic::AtomicUsize,
     /// Canary time to first token, seconds.
     pub ttft: Family<Labels, Histogram>,
@@ -139,6 +147,7 @@ impl LiveMetrics {
             series: 0.into(),
             latency_tap: false.into(),
             tapped: std::sync::Mutex::new(Vec::new()),
+            response_models: RwLock::default(),
             ttft: Family::new_with_constructor(latency_histogram),
             tpot: Family::new_with_constructor(latency_histogram),
             e2e: Family::new_with_constructor(latency_histogram),
@@ -257,6 +266,32 @@ impl LiveMetrics {
     /// /metrics has it as the gauge `omen_canary_tokens`.
     pub fn record_output_tokens(&self, labels: Labels, tokens: f64) {
         self.tap(catalogue::CANARY_TOKENS.name, labels, tokens);
+    }
+
+    /// After a successful probe: the model the server says answered (kept per canary for the
+    /// OTLP `gen_ai.response.model`) and the prompt's tokens, when the server counted them.
+    pub fn note_probe(&self, canary: &str, response_model: Option<&str>, input_tokens: Option<u64>) {
+        if let Some(model) = response_model {
+            let mut models = self.response_models.write().unwrap_or_else(|e| e.into_inner());
+            if models.get(canary).map(String::as_str) != Some(model) {
+                models.insert(canary.to_owned(), model.to_owned());
+            }
+        }
+        if let Some(n) = input_tokens {
+            self.tap(INPUT_TOKENS_TAP, vec![("canary".to_owned(), canary.to_owned())], n as f64);
+        }
+    }
+
+    /// The model that last answered canary `canary`, if the server named it.
+    pub fn response_model(&self, canary: &str) -> Option<String> {
+        self.response_models.read().unwrap_or_else(|e| e.into_inner()).get(canary).cloned()
+    }
+
+    /// Keeps a failed canary probe's duration for the exporters (the OTLP duration histogram
+    /// with `error.type`); /metrics' latency histograms hold successful probes only.
+    pub fn record_failed_probe(&self, mut labels: Labels, error_type: String, seconds: f64) {
+        labels.push((ERROR_TYPE_LABEL.to_owned(), error_type));
+        self.tap(catalogue::E2E_SECONDS.name, labels, seconds);
     }
 
     fn tap(&self, name: &'static str, labels: Labels, seconds: f64) {

@@ -19,6 +19,8 @@
 //! | `omen_tpot_seconds`              | `gen_ai.client.inference.time_per_output_chunk`  | histogram     | `s`       |
 //! | `omen_canary_tokens`             | `gen_ai.client.inference.operation.output_tokens`| histogram     | `{token}` |
 //! | `omen_canary_tokens`             | `gen_ai.client.inference.usage.output_tokens`    | counter       | `{token}` |
+//! | (OTLP only: usage.prompt_tokens) | `gen_ai.client.inference.operation.input_tokens` | histogram     | `{token}` |
+//! | (OTLP only: usage.prompt_tokens) | `gen_ai.client.inference.usage.input_tokens`     | counter       | `{token}` |
 //! | `omen_gpu_memory_used_bytes{gpu}`| `hw.gpu.memory.usage` (`hw.id` = gpu)            | updowncounter | `By`      |
 //! | `omen_gpu_memory_total_bytes{gpu}`| `hw.gpu.memory.limit` (`hw.id` = gpu)           | updowncounter | `By`      |
 //! | `omen_kvcache_usage_ratio{layer}`| `omen.kvcache_usage_ratio`                       | gauge         | `1`       |
@@ -31,9 +33,12 @@
 //! The canary instruments carry `gen_ai.operation.name` (`chat`, or `text_completion` for a
 //! canary with `chat: false`), `gen_ai.provider.name` (`otlp.gen_ai_provider_name`),
 //! `gen_ai.request.model`, `server.address`, `server.port` (from the canary target) and
-//! `omen.canary` (the canary id). The token counter also has `gen_ai.token.modality` = `text`.
+//! `omen.canary` (the canary id), and `gen_ai.response.model` once the server has named the
+//! model that answered. The token counters also have `gen_ai.token.modality` = `text`.
 //! Time per output chunk is recorded once per probe as its mean gap between tokens (omen
-//! keeps no per-chunk gaps). A failed probe records nothing: no `error.type` yet.
+//! keeps no per-chunk gaps). A failed probe records its duration in
+//! `gen_ai.client.inference.duration` with `error.type` (the HTTP status code, `timeout`,
+//! `transport`, ...: `CanaryError::error_type`), and nothing else.
 //!
 //! So `rci`, `rci_bleu`, `rci_bertscore_f1`, `rci_repetition_ratio`,
 //! `anomaly_score`, `lstm_ae_score`, `health_score`, `source_up`, `build_info`
@@ -81,6 +86,11 @@ pub const OUTPUT_TOKENS_NAME: &str = "gen_ai.client.inference.operation.output_t
 /// OTLP name of the canary output-token counter (GenAI client conventions).
 pub const OUTPUT_TOKEN_USAGE_NAME: &str = "gen_ai.client.inference.usage.output_tokens";
 
+/// OTLP name of the canary prompt-token histogram (GenAI client conventions).
+pub const INPUT_TOKENS_NAME: &str = "gen_ai.client.inference.operation.input_tokens";
+/// OTLP name of the canary prompt-token counter (GenAI client conventions).
+pub const INPUT_TOKEN_USAGE_NAME: &str = "gen_ai.client.inference.usage.input_tokens";
+
 /// Bucket boundaries the GenAI conventions advise for the duration, time to first chunk and
 /// time per output chunk histograms (`model/gen-ai/metrics.yaml`).
 pub const DURATION_BUCKETS: [f64; 14] =
@@ -120,8 +130,9 @@ impl GenAiClient {
         client
     }
 
-    /// The attributes of one observation of canary `labels` (its `canary` label becomes `omen.canary`).
-    fn attributes(&self, labels: &Labels) -> Vec<KeyValue> {
+    /// The attributes of one observation of canary `labels` (its `canary` label becomes
+    /// `omen.canary`), answered by `response_model` when the server named it.
+    fn attributes(&self, labels: &Labels, response_model: Option<String>) -> Vec<KeyValue> {
         let canary = labels.iter().find(|(k, _)| k == "canary").map(|(_, v)| v.as_str());
         let operation = canary.and_then(|c| self.operations.get(c).copied()).unwrap_or("chat");
         let mut out = vec![
@@ -131,12 +142,19 @@ impl GenAiClient {
         if let Some(model) = &self.request_model {
             out.push(KeyValue::new("gen_ai.request.model", model.clone()));
         }
+        if let Some(model) = response_model {
+            out.push(KeyValue::new("gen_ai.response.model", model));
+        }
         if let Some((address, port)) = &self.server {
             out.push(KeyValue::new("server.address", address.clone()));
             out.push(KeyValue::new("server.port", i64::from(*port)));
         }
         for (k, v) in labels {
-            let key = if k == "canary" { "omen.canary".to_owned() } else { format!("omen.{k}") };
+            let key = match k.as_str() {
+                "canary" => "omen.canary".to_owned(),
+                crate::metrics::ERROR_TYPE_LABEL => k.clone(),
+                _ => format!("omen.{k}"),
+            };
             out.push(KeyValue::new(key, v.clone()));
         }
         out
@@ -448,6 +466,8 @@ struct LatencyHistograms {
     e2e: Histogram<f64>,
     output_tokens: Histogram<u64>,
     output_token_usage: Counter<u64>,
+    input_tokens: Histogram<u64>,
+    input_token_usage: Counter<u64>,
     client: GenAiClient,
 }
 
@@ -461,21 +481,28 @@ impl LatencyHistograms {
                 .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build()
         };
+        let token_histogram = |name: &'static str, description: &'static str| {
+            meter
+                .u64_histogram(name)
+                .with_description(description)
+                .with_unit("{token}")
+                .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build()
+        };
+        let token_counter = |name: &'static str, description: &'static str| {
+            meter.u64_counter(name).with_description(description).with_unit("{token}").build()
+        };
         Self {
             ttft: build(TTFT_NAME, "Time from a canary request to its first output chunk."),
             tpot: build(TPOT_NAME, "Mean time per output chunk after the first, per canary request."),
             e2e: build(E2E_NAME, "Duration of a canary inference request, end to end."),
-            output_tokens: meter
-                .u64_histogram(OUTPUT_TOKENS_NAME)
-                .with_description("Output tokens of a canary request.")
-                .with_unit("{token}")
-                .with_boundaries(TOKEN_BUCKETS.to_vec())
-                .build(),
-            output_token_usage: meter
-                .u64_counter(OUTPUT_TOKEN_USAGE_NAME)
-                .with_description("Output tokens of the canary requests.")
-                .with_unit("{token}")
-                .build(),
+            output_tokens: token_histogram(OUTPUT_TOKENS_NAME, "Output tokens of a canary request."),
+            output_token_usage: token_counter(
+                OUTPUT_TOKEN_USAGE_NAME,
+                "Output tokens of the canary requests.",
+            ),
+            input_tokens: token_histogram(INPUT_TOKENS_NAME, "Prompt tokens of a canary request."),
+            input_token_usage: token_counter(INPUT_TOKEN_USAGE_NAME, "Prompt tokens of the canary requests."),
             client,
         }
     }
@@ -487,8 +514,18 @@ impl LatencyHistograms {
                 counters.dropped_latencies.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let attributes = self.client.attributes(&obs.labels);
+            let canary = obs.labels.iter().find(|(k, _)| k == "canary").map(|(_, v)| v.as_str());
+            let failed = obs.labels.iter().any(|(k, _)| k == crate::metrics::ERROR_TYPE_LABEL);
+            let response_model = if failed { None } else { canary.and_then(|c| live.response_model(c)) };
+            let attributes = self.client.attributes(&obs.labels, response_model);
             match obs.name {
+                crate::metrics::INPUT_TOKENS_TAP => {
+                    let tokens = obs.seconds.round() as u64;
+                    self.input_tokens.record(tokens, &attributes);
+                    let mut usage = attributes;
+                    usage.push(KeyValue::new("gen_ai.token.modality", "text"));
+                    self.input_token_usage.add(tokens, &usage);
+                }
                 n if n == catalogue::CANARY_TOKENS.name => {
                     // Token counts are whole; the gauge carries them as f64.
                     let tokens = obs.seconds.round() as u64;
@@ -526,6 +563,8 @@ impl GaugeSet {
             EXPORT_FAILURES_NAME,
             OUTPUT_TOKENS_NAME,
             OUTPUT_TOKEN_USAGE_NAME,
+            INPUT_TOKENS_NAME,
+            INPUT_TOKEN_USAGE_NAME,
         ] {
             otlp_names.insert(reserved.to_owned());
         }

@@ -210,7 +210,10 @@ pub fn spawn_live(
                 let mut all_ok = true;
                 for (canary, spell) in prompts.iter().zip(spells.iter_mut()) {
                     let what = format!("canary {}", canary.id);
-                    match probe_canary(&client, &target, canary, &store, weights, semantic.as_ref()).await {
+                    let began = std::time::Instant::now();
+                    match probe_canary(&client, &target, canary, &store, weights, semantic.as_ref(), &live)
+                        .await
+                    {
                         Ok(samples) => {
                             spell.succeeded(&what);
                             offer(&live, &tx, samples, "canary");
@@ -218,6 +221,16 @@ pub fn spawn_live(
                         Err(e) => {
                             all_ok = false;
                             spell.failed(&what, &format!("{e:#}"));
+                            // The probe's own failures (CanaryError) have an OTLP error.type; a
+                            // store or model-worker fault is omen's and is not a request's.
+                            if let Some(probe) = e.downcast_ref::<omen_sources::CanaryError>() {
+                                let labels = vec![("canary".to_owned(), canary.id.clone())];
+                                live.record_failed_probe(
+                                    labels,
+                                    probe.error_type(),
+                                    began.elapsed().as_secs_f64(),
+                                );
+                            }
                         }
                     }
                 }
@@ -237,6 +250,7 @@ async fn probe_canary(
     store: &Arc<Store>,
     weights: omen_signals::RciWeights,
     semantic: Option<&Arc<SemanticModel>>,
+    live: &LiveMetrics,
 ) -> Result<Vec<omen_sources::Sample>> {
     let stored = match &canary.reference {
         Some(_) => None,
@@ -260,6 +274,8 @@ async fn probe_canary(
         tokio::task::spawn_blocking(move || store.set_canary_reference(&id, &answer, now_ms())).await??;
         info!(canary = %canary.id, "captured the canary's reference answer");
     }
+    // What only the OTLP GenAI metrics carry: the answering model and the prompt's tokens.
+    live.note_probe(&canary.id, result.response_model.as_deref(), result.input_tokens);
     Ok(result.samples(now_ms(), &canary.id))
 }
 

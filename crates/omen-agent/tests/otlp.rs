@@ -315,7 +315,7 @@ mod support;
 async fn the_agent_exports_its_canary_probes_by_the_genai_client_conventions() {
     let receiver = Receiver::default();
     let (endpoint, stop_receiver) = start_receiver(receiver.clone()).await;
-    let (_server, port) = support::start_llama_server(&[]);
+    let (server, port) = support::start_llama_server(&[]);
     let c = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !c.get(format!("http://127.0.0.1:{port}/health")).send().await.is_ok_and(|r| r.status() == 200) {
@@ -363,8 +363,42 @@ async fn the_agent_exports_its_canary_probes_by_the_genai_client_conventions() {
             assert_eq!(string_attr(&p.attributes, "server.address").as_deref(), Some("127.0.0.1"));
             assert_eq!(int_attr(&p.attributes, "server.port"), Some(i64::from(port)));
             assert!(p.count >= 1 && p.sum.is_some_and(|s| s > 0.0), "{name}: {p:?}");
+            let answered = string_attr(&p.attributes, "gen_ai.response.model");
+            assert!(answered.is_some_and(|m| !m.is_empty()), "{name}: no gen_ai.response.model in {p:?}");
         }
     }
+    let input = receiver.latest("gen_ai.client.inference.usage.input_tokens").expect("prompt tokens counted");
+    let Some(metric::Data::Sum(sum)) = &input.data else { panic!("{input:?}") };
+    assert!(sum
+        .data_points
+        .iter()
+        .all(|p| matches!(p.value, Some(number_data_point::Value::AsInt(n)) if n > 0)));
+
+    // The server gone: the failed probes' durations carry error.type (connection refused).
+    drop(server);
+    let failed = |r: &Receiver| {
+        r.latest("gen_ai.client.inference.duration").is_some_and(|m| match &m.data {
+            Some(metric::Data::Histogram(h)) => h
+                .data_points
+                .iter()
+                .any(|p| string_attr(&p.attributes, "error.type").as_deref() == Some("transport")),
+            _ => false,
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !failed(&receiver) {
+        assert!(Instant::now() < deadline, "no failed probe with error.type within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let duration = receiver.latest("gen_ai.client.inference.duration").unwrap();
+    let Some(metric::Data::Histogram(h)) = &duration.data else { unreachable!() };
+    let p = h.data_points.iter().find(|p| string_attr(&p.attributes, "error.type").is_some()).unwrap();
+    assert_eq!(
+        string_attr(&p.attributes, "gen_ai.response.model"),
+        None,
+        "a failed probe has no answering model"
+    );
+    assert_eq!(string_attr(&p.attributes, "gen_ai.request.model").as_deref(), Some("smollm2-135m"));
     agent.stop().await.unwrap();
     let _ = stop_receiver.send(());
 }

@@ -267,6 +267,26 @@ pub enum CanaryError {
     },
 }
 
+impl CanaryError {
+    /// A low-cardinality name of the failure, the OpenTelemetry `error.type` of the probe: the
+    /// HTTP status code for an HTTP error, else `timeout`, `transport`, `malformed_stream`,
+    /// `server_error`, `no_tokens`, `no_logprobs`, `vocab_unknown`, `config` or `signal`.
+    pub fn error_type(&self) -> String {
+        match self {
+            Self::Status { status, .. } => status.to_string(),
+            Self::Timeout { .. } => "timeout".into(),
+            Self::Request { .. } => "transport".into(),
+            Self::Stream { .. } => "malformed_stream".into(),
+            Self::Server { .. } => "server_error".into(),
+            Self::NoTokens { .. } => "no_tokens".into(),
+            Self::NoLogprobs { .. } => "no_logprobs".into(),
+            Self::VocabUnknown { .. } => "vocab_unknown".into(),
+            Self::Config { .. } => "config".into(),
+            Self::Signal { .. } => "signal".into(),
+        }
+    }
+}
+
 impl CanaryTarget {
     /// A target with the defaults: no API key, 64 tokens, 30 s timeout, vocabulary discovered.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
@@ -423,6 +443,10 @@ pub struct CanaryResult {
     pub e2e_s: f64,
     /// Output tokens (the server's usage count when it gives one).
     pub tokens: usize,
+    /// Prompt tokens, when the server reports usage.
+    pub input_tokens: Option<u64>,
+    /// The model that answered, as the stream names it.
+    pub response_model: Option<String>,
     /// The full answer; store it as the reference when the canary has none.
     pub answer: String,
     /// First-token entropy from the top logprobs, with bounds.
@@ -638,6 +662,10 @@ pub struct StreamState {
     pub content_chunks: usize,
     /// completion_tokens from a usage chunk.
     pub usage_tokens: Option<u64>,
+    /// prompt_tokens from a usage chunk.
+    pub usage_prompt_tokens: Option<u64>,
+    /// The model the first chunk that names one names.
+    pub response_model: Option<String>,
     /// `[DONE]` was seen.
     pub done: bool,
     /// A token was seen.
@@ -660,8 +688,16 @@ impl StreamState {
         if let Some(error) = &chunk.error {
             return Err(StreamIssue::ServerError(server_message(error)));
         }
-        if let Some(n) = chunk.usage.and_then(|u| u.completion_tokens) {
-            self.usage_tokens = Some(n);
+        if self.response_model.is_none() {
+            self.response_model = chunk.model.clone().filter(|m| !m.is_empty());
+        }
+        if let Some(usage) = &chunk.usage {
+            if let Some(n) = usage.completion_tokens {
+                self.usage_tokens = Some(n);
+            }
+            if let Some(n) = usage.prompt_tokens {
+                self.usage_prompt_tokens = Some(n);
+            }
         }
         let mut first = false;
         for choice in chunk.choices.iter().filter(|c| c.index == 0) {
@@ -747,7 +783,17 @@ pub async fn probe(
         }
     }
     let finished = Instant::now();
-    let StreamState { first_top, answer, logprob_tokens, content_chunks, usage_tokens, done, .. } = stream;
+    let StreamState {
+        first_top,
+        answer,
+        logprob_tokens,
+        content_chunks,
+        usage_tokens,
+        usage_prompt_tokens,
+        response_model,
+        done,
+        ..
+    } = stream;
     if !done && first_token_at.is_none() {
         return Err(CanaryError::Stream {
             url,
@@ -776,7 +822,19 @@ pub async fn probe(
     let ttft_s = first.duration_since(started).as_secs_f64();
     let e2e_s = finished.duration_since(started).as_secs_f64();
     let tpot_s = (tokens > 1).then(|| (e2e_s - ttft_s).max(0.0) / (tokens - 1) as f64);
-    Ok(CanaryResult { ttft_s, tpot_s, e2e_s, tokens, answer, tle, vocab_size, rci, weights })
+    Ok(CanaryResult {
+        ttft_s,
+        tpot_s,
+        e2e_s,
+        tokens,
+        input_tokens: usage_prompt_tokens,
+        response_model,
+        answer,
+        tle,
+        vocab_size,
+        rci,
+        weights,
+    })
 }
 
 #[cfg(test)]
@@ -847,6 +905,8 @@ mod tests {
             tpot_s: Some(0.005),
             e2e_s: 0.3,
             tokens: 57,
+            input_tokens: Some(12),
+            response_model: Some("m".into()),
             answer: "x".into(),
             tle,
             vocab_size: 1000,

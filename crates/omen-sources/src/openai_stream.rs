@@ -19,6 +19,9 @@ pub struct Chunk {
     /// An error the server reports inside the stream.
     #[serde(default)]
     pub error: Option<serde_json::Value>,
+    /// The model that answered, as the server names it.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// One choice of a chunk: a chat `delta` or a completions `text`, and its logprobs if asked for.
