@@ -21,8 +21,8 @@
 //! | `omen_canary_tokens`             | `gen_ai.client.inference.usage.output_tokens`    | counter       | `{token}` |
 //! | (OTLP only: usage.prompt_tokens) | `gen_ai.client.inference.operation.input_tokens` | histogram     | `{token}` |
 //! | (OTLP only: usage.prompt_tokens) | `gen_ai.client.inference.usage.input_tokens`     | counter       | `{token}` |
-//! | `omen_gpu_memory_used_bytes{gpu}`| `hw.gpu.memory.usage` (`hw.id` = gpu)            | updowncounter | `By`      |
-//! | `omen_gpu_memory_total_bytes{gpu}`| `hw.gpu.memory.limit` (`hw.id` = gpu)           | updowncounter | `By`      |
+//! | `omen_gpu_memory_used_bytes`     | `hw.gpu.memory.usage` (`hw.id` = UUID)           | updowncounter | `By`      |
+//! | `omen_gpu_memory_total_bytes`    | `hw.gpu.memory.limit` (`hw.id` = UUID)           | updowncounter | `By`      |
 //! | `omen_kvcache_usage_ratio{layer}`| `omen.kvcache_usage_ratio`                       | gauge         | `1`       |
 //! | `omen_kvf_ratio{layer}`          | `omen.kvf_ratio`                                 | gauge         | `1`       |
 //! | `omen_tle_bits{canary}`          | `omen.tle_bits`                                  | gauge         | `bit`     |
@@ -542,6 +542,25 @@ impl LatencyHistograms {
     }
 }
 
+/// The hardware conventions' attributes of a GPU series: `hw.id` is the NVML UUID (stable for
+/// the GPU's life) when the series has one, else its `gpu` index; `modelName` is `hw.model`;
+/// other labels keep their name under `omen.`.
+fn hardware_attributes(labels: &Labels) -> Vec<KeyValue> {
+    let has_uuid = labels.iter().any(|(k, _)| k == "UUID");
+    labels
+        .iter()
+        .map(|(k, v)| {
+            let key = match k.as_str() {
+                "UUID" => "hw.id".to_owned(),
+                "gpu" if !has_uuid => "hw.id".to_owned(),
+                "modelName" => "hw.model".to_owned(),
+                _ => format!("omen.{k}"),
+            };
+            KeyValue::new(key, v.clone())
+        })
+        .collect()
+}
+
 /// One observable gauge per `/metrics` gauge name seen so far.
 struct GaugeSet {
     meter: Meter,
@@ -594,14 +613,7 @@ impl GaugeSet {
                 .with_unit("By")
                 .with_callback(move |observer| {
                     for (labels, value) in live.gauge_family(&source) {
-                        let attributes: Vec<KeyValue> = labels
-                            .iter()
-                            .map(|(k, v)| {
-                                let key = if k == "gpu" { "hw.id".to_owned() } else { format!("omen.{k}") };
-                                KeyValue::new(key, v.clone())
-                            })
-                            .collect();
-                        observer.observe(value as i64, &attributes);
+                        observer.observe(value as i64, &hardware_attributes(&labels));
                     }
                 })
                 .build(),
@@ -754,6 +766,23 @@ impl IoThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_series_take_the_uuid_as_hw_id_and_the_index_without_one() {
+        let keys = |labels: &[(&str, &str)]| -> Vec<(String, String)> {
+            let labels: Labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            hardware_attributes(&labels)
+                .into_iter()
+                .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            keys(&[("UUID", "GPU-aaa"), ("gpu", "0"), ("modelName", "NVIDIA H100")]),
+            [("hw.id", "GPU-aaa"), ("omen.gpu", "0"), ("hw.model", "NVIDIA H100")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        assert_eq!(keys(&[("gpu", "1")]), [("hw.id".to_owned(), "1".to_owned())]);
+    }
 
     #[test]
     fn names_follow_the_mapping() {

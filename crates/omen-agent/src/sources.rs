@@ -117,9 +117,10 @@ pub fn spawn_live(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<()> {
     if cfg.sources.nvml.enabled {
-        match omen_sources::GpuSampler::new() {
+        match omen_sources::GpuSampler::new(&cfg.sources.nvml.uuids) {
             Ok(sampler) => {
-                info!(gpus = sampler.gpu_count(), "NVML: sampling GPU memory");
+                let uuids: Vec<&str> = sampler.gpus().iter().map(|g| g.uuid.as_str()).collect();
+                info!(gpus = sampler.gpu_count(), ?uuids, "NVML: sampling GPU memory");
                 let sampler = Arc::new(sampler);
                 let (live, tx) = (live.clone(), tx.clone());
                 let spell = Arc::new(std::sync::Mutex::new(Spell::default()));
@@ -148,7 +149,13 @@ pub fn spawn_live(
                 }));
             }
             // No GPU here: say so once and keep running without GPU signals.
-            Err(e) => info!("{e}"),
+            Err(e @ omen_sources::NvmlError::Unavailable { .. }) => info!("{e}"),
+            // GPUs there, but not the configured ones, or NVML failing: omen keeps running
+            // (it must not take the server's pod down), GPU signals off, said loudly.
+            Err(e) => {
+                source_up(live, "nvml", false);
+                tracing::error!("{e}");
+            }
         }
     }
     if let Some(m) = cfg.sources.server_metrics.clone() {

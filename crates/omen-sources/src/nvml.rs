@@ -23,11 +23,14 @@ pub struct NvmlSourceConfig {
     /// Sampling interval.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    /// Only these GPUs, by NVML UUID (`GPU-...`, as `nvidia-smi -L` prints them): the GPUs of
+    /// the watched server when omen sees the whole node. Empty: every GPU NVML sees.
+    pub uuids: Vec<String>,
 }
 
 impl Default for NvmlSourceConfig {
     fn default() -> Self {
-        Self { enabled: true, interval: Duration::from_secs(10) }
+        Self { enabled: true, interval: Duration::from_secs(10), uuids: Vec::new() }
     }
 }
 
@@ -37,6 +40,14 @@ impl NvmlSourceConfig {
         let mut p = Vec::new();
         if self.interval < Duration::from_millis(100) {
             p.push(("interval".to_owned(), "must be at least 100ms".to_owned()));
+        }
+        for (i, uuid) in self.uuids.iter().enumerate() {
+            if !uuid.starts_with("GPU-") {
+                p.push((
+                    format!("uuids[{i}]"),
+                    format!("{uuid:?} is not an NVML GPU UUID; write it as `nvidia-smi -L` prints it, e.g. GPU-5a3c...."),
+                ));
+            }
         }
         p
     }
@@ -54,6 +65,17 @@ pub enum NvmlError {
     Unavailable {
         /// What NVML reported.
         reason: String,
+    },
+    /// `sources.nvml.uuids` names GPUs that NVML does not see on this machine.
+    #[error(
+        "sources.nvml.uuids names {missing:?}, which NVML does not see here (it sees {seen:?}); \
+         GPU signals are off: fix the list, or empty it to read every GPU"
+    )]
+    UnknownUuids {
+        /// The configured UUIDs NVML does not know.
+        missing: Vec<String>,
+        /// The UUIDs NVML sees.
+        seen: Vec<String>,
     },
     /// NVML is loaded but a call failed.
     #[error("NVML {call} failed for GPU {gpu}: {source}; check the driver with nvidia-smi")]
@@ -82,21 +104,60 @@ fn is_unavailable(e: &WrapperError) -> bool {
     )
 }
 
-/// Reads GPU memory from NVML for every visible GPU.
+/// Who a GPU is: what its samples are labelled with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuIdentity {
+    /// NVML index on this machine (not stable across reboots or containers).
+    pub index: u32,
+    /// NVML UUID, stable for the GPU's life.
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+}
+
+impl GpuIdentity {
+    /// The labels of this GPU's samples: `gpu` (index), `UUID` and `modelName`, as
+    /// dcgm-exporter names them, so that omen's series join with DCGM's.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        [
+            ("gpu".to_owned(), self.index.to_string()),
+            ("UUID".to_owned(), self.uuid.clone()),
+            ("modelName".to_owned(), self.model.clone()),
+        ]
+        .into()
+    }
+}
+
+/// The GPUs to sample: all of `seen` when `wanted` is empty, else those whose UUID is listed
+/// (case-insensitively); every listed UUID must be seen.
+pub fn select_gpus(seen: Vec<GpuIdentity>, wanted: &[String]) -> Result<Vec<GpuIdentity>, NvmlError> {
+    if wanted.is_empty() {
+        return Ok(seen);
+    }
+    let missing: Vec<String> =
+        wanted.iter().filter(|w| !seen.iter().any(|g| g.uuid.eq_ignore_ascii_case(w))).cloned().collect();
+    if !missing.is_empty() {
+        return Err(NvmlError::UnknownUuids { missing, seen: seen.into_iter().map(|g| g.uuid).collect() });
+    }
+    Ok(seen.into_iter().filter(|g| wanted.iter().any(|w| g.uuid.eq_ignore_ascii_case(w))).collect())
+}
+
+/// Reads GPU memory from NVML for the selected GPUs.
 pub struct GpuSampler {
     nvml: Nvml,
-    count: u32,
+    gpus: Vec<GpuIdentity>,
 }
 
 impl std::fmt::Debug for GpuSampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuSampler").field("gpus", &self.count).finish_non_exhaustive()
+        f.debug_struct("GpuSampler").field("gpus", &self.gpus).finish_non_exhaustive()
     }
 }
 
 impl GpuSampler {
-    /// Loads and initialises NVML; [`NvmlError::Unavailable`] when there is no driver or GPU.
-    pub fn new() -> Result<Self, NvmlError> {
+    /// Loads and initialises NVML and picks the GPUs `uuids` names (all when empty);
+    /// [`NvmlError::Unavailable`] when there is no driver or GPU.
+    pub fn new(uuids: &[String]) -> Result<Self, NvmlError> {
         let nvml = Nvml::init().map_err(|e| {
             if is_unavailable(&e) {
                 NvmlError::Unavailable { reason: e.to_string() }
@@ -112,31 +173,44 @@ impl GpuSampler {
         if count == 0 {
             return Err(NvmlError::Unavailable { reason: "the driver is loaded but reports no GPU".into() });
         }
-        Ok(Self { nvml, count })
+        let mut seen = Vec::new();
+        for index in 0..count {
+            let call = |call, source| NvmlError::Call { call, gpu: index.to_string(), source };
+            let device = nvml.device_by_index(index).map_err(|e| call("device_by_index", e))?;
+            let uuid = device.uuid().map_err(|e| call("uuid", e))?;
+            let model = device.name().map_err(|e| call("name", e))?;
+            seen.push(GpuIdentity { index, uuid, model });
+        }
+        let gpus = select_gpus(seen, uuids)?;
+        Ok(Self { nvml, gpus })
     }
 
-    /// Number of GPUs NVML sees.
+    /// Number of GPUs sampled.
     pub fn gpu_count(&self) -> u32 {
-        self.count
+        self.gpus.len() as u32
     }
 
-    /// Memory samples at `ts_ms`: `gpu_memory_used_bytes{gpu}`, `gpu_memory_total_bytes{gpu}`,
-    /// `gpu_process_memory_bytes{gpu,pid}`, and the readings that failed (a GPU whose reading
-    /// fails is left out of the samples).
+    /// The GPUs sampled.
+    pub fn gpus(&self) -> &[GpuIdentity] {
+        &self.gpus
+    }
+
+    /// Memory samples at `ts_ms`: `gpu_memory_used_bytes`, `gpu_memory_total_bytes`,
+    /// `gpu_process_memory_bytes{pid}`, each labelled by [`GpuIdentity::labels`], and the
+    /// readings that failed (a GPU whose reading fails is left out of the samples).
     pub fn sample_with_errors(&self, ts_ms: i64) -> (Vec<Sample>, Vec<NvmlError>) {
         let mut out = Vec::new();
         let mut errors = Vec::new();
-        for index in 0..self.count {
-            let gpu = index.to_string();
-            let call = |call, source| NvmlError::Call { call, gpu: gpu.clone(), source };
-            let device = match self.nvml.device_by_index(index) {
+        for gpu in &self.gpus {
+            let call = |call, source| NvmlError::Call { call, gpu: gpu.index.to_string(), source };
+            let device = match self.nvml.device_by_uuid(gpu.uuid.as_str()) {
                 Ok(d) => d,
                 Err(e) => {
-                    errors.push(call("device_by_index", e));
+                    errors.push(call("device_by_uuid", e));
                     continue;
                 }
             };
-            let labels: BTreeMap<String, String> = [("gpu".to_owned(), gpu.clone())].into();
+            let labels = gpu.labels();
             match device.memory_info() {
                 Ok(m) => {
                     out.push(Sample {
@@ -185,5 +259,48 @@ impl GpuSampler {
             }
         }
         (out, errors)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str) -> GpuIdentity {
+        GpuIdentity { index, uuid: uuid.into(), model: "NVIDIA H100 80GB HBM3".into() }
+    }
+
+    #[test]
+    fn no_uuids_selects_every_gpu_and_a_list_only_those() {
+        let seen = vec![gpu(0, "GPU-aaa"), gpu(1, "GPU-bbb"), gpu(2, "GPU-ccc")];
+        assert_eq!(select_gpus(seen.clone(), &[]).unwrap(), seen);
+        let picked = select_gpus(seen.clone(), &["gpu-CCC".into(), "GPU-aaa".into()]).unwrap();
+        assert_eq!(picked, vec![gpu(0, "GPU-aaa"), gpu(2, "GPU-ccc")]);
+    }
+
+    #[test]
+    fn an_unknown_uuid_names_what_is_missing_and_what_is_there() {
+        let e = select_gpus(vec![gpu(0, "GPU-aaa")], &["GPU-zzz".into()]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("GPU-zzz") && text.contains("GPU-aaa") && text.contains("sources.nvml.uuids"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn labels_are_dcgm_exporters() {
+        let labels = gpu(3, "GPU-ddd").labels();
+        assert_eq!(labels["gpu"], "3");
+        assert_eq!(labels["UUID"], "GPU-ddd");
+        assert_eq!(labels["modelName"], "NVIDIA H100 80GB HBM3");
+    }
+
+    #[test]
+    fn a_uuid_that_is_not_one_is_a_config_problem() {
+        let cfg = NvmlSourceConfig { uuids: vec!["GPU-1".into(), "0".into()], ..Default::default() };
+        let p = cfg.problems();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].0, "uuids[1]");
     }
 }

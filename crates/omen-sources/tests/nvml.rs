@@ -6,7 +6,7 @@ use omen_sources::nvml::{GpuSampler, NvmlError};
 
 #[test]
 fn gpu_sampler_reports_unavailable_or_reads_memory() {
-    match GpuSampler::new() {
+    match GpuSampler::new(&[]) {
         Err(err @ NvmlError::Unavailable { .. }) => {
             let msg = err.to_string();
             assert!(msg.contains("libnvidia-ml.so"), "the message must name the library: {msg}");
@@ -17,12 +17,13 @@ fn gpu_sampler_reports_unavailable_or_reads_memory() {
         Ok(sampler) => {
             let (samples, errors) = sampler.sample_with_errors(1_780_000_000_000);
             assert!(errors.is_empty(), "NVML readings failed: {errors:?}");
-            for gpu in 0..sampler.gpu_count() {
-                let gpu = gpu.to_string();
+            for identity in sampler.gpus() {
+                let gpu = identity.index.to_string();
+                assert!(identity.uuid.starts_with("GPU-") && !identity.model.is_empty(), "{identity:?}");
                 let get = |signal: &str| {
                     samples
                         .iter()
-                        .find(|s| s.signal == signal && s.labels.get("gpu") == Some(&gpu))
+                        .find(|s| s.signal == signal && s.labels == identity.labels())
                         .map(|s| s.value)
                         .unwrap_or_else(|| panic!("no {signal} for GPU {gpu}: {samples:?}"))
                 };
@@ -30,7 +31,7 @@ fn gpu_sampler_reports_unavailable_or_reads_memory() {
                 assert!(total > 0.0 && used <= total, "GPU {gpu}: used {used} of {total}");
             }
             for s in samples.iter().filter(|s| s.signal == "gpu_process_memory_bytes") {
-                assert!(s.labels.contains_key("pid") && s.labels.contains_key("gpu"), "{s:?}");
+                assert!(s.labels.contains_key("pid") && s.labels.contains_key("UUID"), "{s:?}");
             }
         }
     }

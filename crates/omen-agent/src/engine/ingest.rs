@@ -2,8 +2,6 @@
 //! engine derives from them (anomaly scores, VRAM headroom), and the store ids that
 //! spare the store a lookup per sample.
 
-use std::collections::BTreeMap;
-
 use anyhow::Result;
 use omen_signals::catalogue;
 use omen_sources::Sample;
@@ -83,8 +81,8 @@ impl Engine {
             CANARY_E2E => self.live.record_latency(catalogue::E2E_SECONDS.name, canary_labels(), s.value),
             CANARY_TOKENS => self.live.record_output_tokens(canary_labels(), s.value),
             GPU_USED | GPU_TOTAL => {
-                let gpu = s.labels.get("gpu").cloned().unwrap_or_default();
-                let entry = self.gpu_memory.entry(gpu.clone()).or_default();
+                // Used and total of one GPU share its labels (gpu, UUID, modelName from NVML).
+                let entry = self.gpu_memory.entry(s.labels.clone()).or_default();
                 if s.signal == GPU_USED {
                     entry.0 = Some(s.value);
                 } else {
@@ -93,11 +91,10 @@ impl Engine {
                 if let (Some(used), Some(total)) = *entry {
                     if total > 0.0 {
                         *entry = (None, None);
-                        let labels: BTreeMap<String, String> = [("gpu".to_owned(), gpu)].into();
                         let headroom = Sample {
                             ts_ms: s.ts_ms,
                             signal: catalogue::GPU_MEMORY_HEADROOM_RATIO.name.into(),
-                            labels,
+                            labels: s.labels.clone(),
                             value: (1.0 - used / total).clamp(0.0, 1.0),
                         };
                         derived.push((headroom, true));

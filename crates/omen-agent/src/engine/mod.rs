@@ -43,7 +43,7 @@ pub struct Engine {
     live: Arc<LiveMetrics>,
     series: SeriesMap,
     /// Latest (used, total) bytes per GPU, until both are known (ingest.rs).
-    gpu_memory: HashMap<String, (Option<f64>, Option<f64>)>,
+    gpu_memory: HashMap<BTreeMap<String, String>, (Option<f64>, Option<f64>)>,
     clock_ms: i64,
     last_tick_ms: Option<i64>,
     last_retention_ms: i64,
