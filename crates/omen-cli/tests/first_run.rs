@@ -120,22 +120,30 @@ fn a_port_in_use_names_the_field_and_the_fix() {
     drop(taken);
 }
 
+/// `omen bench` of one request of the shipped workflow against `endpoint`.
 #[cfg(feature = "bench")]
-#[test]
-fn no_server_at_the_endpoint_says_to_check_the_server_and_the_url() {
-    let port = common::free_port();
-    let out = omen(&[
+fn bench_one_request(endpoint: &str) -> Output {
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let path = report.path().to_str().unwrap().to_owned();
+    omen(&[
         "bench",
         "--workflow",
         "deploy/workflows/chat.yaml",
         "--endpoint",
-        &format!("http://127.0.0.1:{port}/v1"),
+        endpoint,
         "--max-requests",
         "1",
         "--no-progress",
         "--out",
-        std::env::temp_dir().join(format!("omen-first-run-{port}.json")).to_str().unwrap(),
-    ]);
+        &path,
+    ])
+}
+
+#[cfg(feature = "bench")]
+#[test]
+fn no_server_at_the_endpoint_says_to_check_the_server_and_the_url() {
+    let port = common::free_port();
+    let out = bench_one_request(&format!("http://127.0.0.1:{port}/v1"));
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
@@ -162,18 +170,7 @@ fn a_url_without_v1_says_where_the_api_root_is() {
             );
         }
     });
-    let out = omen(&[
-        "bench",
-        "--workflow",
-        "deploy/workflows/chat.yaml",
-        "--endpoint",
-        &format!("http://127.0.0.1:{port}"),
-        "--max-requests",
-        "1",
-        "--no-progress",
-        "--out",
-        std::env::temp_dir().join(format!("omen-first-run-{port}.json")).to_str().unwrap(),
-    ]);
+    let out = bench_one_request(&format!("http://127.0.0.1:{port}"));
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("404") && stderr.contains("/v1"), "{stderr}");
