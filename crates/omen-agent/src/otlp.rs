@@ -133,8 +133,7 @@ impl GenAiClient {
     /// The attributes of one observation of canary `labels` (its `canary` label becomes
     /// `omen.canary`), answered by `response_model` when the server named it.
     fn attributes(&self, labels: &Labels, response_model: Option<String>) -> Vec<KeyValue> {
-        let canary = labels.iter().find(|(k, _)| k == "canary").map(|(_, v)| v.as_str());
-        let operation = canary.and_then(|c| self.operations.get(c).copied()).unwrap_or("chat");
+        let operation = canary_of(labels).and_then(|c| self.operations.get(c).copied()).unwrap_or("chat");
         let mut out = vec![
             KeyValue::new("gen_ai.operation.name", operation),
             KeyValue::new("gen_ai.provider.name", self.provider_name.clone()),
@@ -464,11 +463,42 @@ struct LatencyHistograms {
     ttft: Histogram<f64>,
     tpot: Histogram<f64>,
     e2e: Histogram<f64>,
-    output_tokens: Histogram<u64>,
-    output_token_usage: Counter<u64>,
-    input_tokens: Histogram<u64>,
-    input_token_usage: Counter<u64>,
+    output_tokens: TokenInstruments,
+    input_tokens: TokenInstruments,
     client: GenAiClient,
+}
+
+/// One direction's tokens: the per-request histogram and the running usage counter.
+struct TokenInstruments {
+    per_request: Histogram<u64>,
+    usage: Counter<u64>,
+}
+
+impl TokenInstruments {
+    fn new(meter: &Meter, histogram: &'static str, counter: &'static str, what: &str) -> Self {
+        Self {
+            per_request: meter
+                .u64_histogram(histogram)
+                .with_description(format!("{what} tokens of a canary request."))
+                .with_unit("{token}")
+                .with_boundaries(TOKEN_BUCKETS.to_vec())
+                .build(),
+            usage: meter
+                .u64_counter(counter)
+                .with_description(format!("{what} tokens of the canary requests."))
+                .with_unit("{token}")
+                .build(),
+        }
+    }
+
+    /// Records `tokens` (a whole count carried as f64) in both; the counter also takes
+    /// `gen_ai.token.modality`, which the conventions require on it.
+    fn record(&self, tokens: f64, mut attributes: Vec<KeyValue>) {
+        let tokens = tokens.round() as u64;
+        self.per_request.record(tokens, &attributes);
+        attributes.push(KeyValue::new("gen_ai.token.modality", "text"));
+        self.usage.add(tokens, &attributes);
+    }
 }
 
 impl LatencyHistograms {
@@ -481,28 +511,17 @@ impl LatencyHistograms {
                 .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build()
         };
-        let token_histogram = |name: &'static str, description: &'static str| {
-            meter
-                .u64_histogram(name)
-                .with_description(description)
-                .with_unit("{token}")
-                .with_boundaries(TOKEN_BUCKETS.to_vec())
-                .build()
-        };
-        let token_counter = |name: &'static str, description: &'static str| {
-            meter.u64_counter(name).with_description(description).with_unit("{token}").build()
-        };
         Self {
             ttft: build(TTFT_NAME, "Time from a canary request to its first output chunk."),
             tpot: build(TPOT_NAME, "Mean time per output chunk after the first, per canary request."),
             e2e: build(E2E_NAME, "Duration of a canary inference request, end to end."),
-            output_tokens: token_histogram(OUTPUT_TOKENS_NAME, "Output tokens of a canary request."),
-            output_token_usage: token_counter(
+            output_tokens: TokenInstruments::new(
+                meter,
+                OUTPUT_TOKENS_NAME,
                 OUTPUT_TOKEN_USAGE_NAME,
-                "Output tokens of the canary requests.",
+                "Output",
             ),
-            input_tokens: token_histogram(INPUT_TOKENS_NAME, "Prompt tokens of a canary request."),
-            input_token_usage: token_counter(INPUT_TOKEN_USAGE_NAME, "Prompt tokens of the canary requests."),
+            input_tokens: TokenInstruments::new(meter, INPUT_TOKENS_NAME, INPUT_TOKEN_USAGE_NAME, "Prompt"),
             client,
         }
     }
@@ -514,32 +533,24 @@ impl LatencyHistograms {
                 counters.dropped_latencies.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let canary = obs.labels.iter().find(|(k, _)| k == "canary").map(|(_, v)| v.as_str());
             let failed = obs.labels.iter().any(|(k, _)| k == crate::metrics::ERROR_TYPE_LABEL);
-            let response_model = if failed { None } else { canary.and_then(|c| live.response_model(c)) };
+            let response_model =
+                if failed { None } else { canary_of(&obs.labels).and_then(|c| live.response_model(c)) };
             let attributes = self.client.attributes(&obs.labels, response_model);
             match obs.name {
-                crate::metrics::INPUT_TOKENS_TAP => {
-                    let tokens = obs.seconds.round() as u64;
-                    self.input_tokens.record(tokens, &attributes);
-                    let mut usage = attributes;
-                    usage.push(KeyValue::new("gen_ai.token.modality", "text"));
-                    self.input_token_usage.add(tokens, &usage);
-                }
-                n if n == catalogue::CANARY_TOKENS.name => {
-                    // Token counts are whole; the gauge carries them as f64.
-                    let tokens = obs.seconds.round() as u64;
-                    self.output_tokens.record(tokens, &attributes);
-                    let mut usage = attributes;
-                    usage.push(KeyValue::new("gen_ai.token.modality", "text"));
-                    self.output_token_usage.add(tokens, &usage);
-                }
+                crate::metrics::INPUT_TOKENS_TAP => self.input_tokens.record(obs.seconds, attributes),
+                n if n == catalogue::CANARY_TOKENS.name => self.output_tokens.record(obs.seconds, attributes),
                 n if n == catalogue::TTFT_SECONDS.name => self.ttft.record(obs.seconds, &attributes),
                 n if n == catalogue::TPOT_SECONDS.name => self.tpot.record(obs.seconds, &attributes),
                 _ => self.e2e.record(obs.seconds, &attributes),
             }
         }
     }
+}
+
+/// The canary id of an observation's labels.
+fn canary_of(labels: &Labels) -> Option<&str> {
+    labels.iter().find(|(k, _)| k == "canary").map(|(_, v)| v.as_str())
 }
 
 /// The hardware conventions' attributes of a GPU series: `hw.id` is the NVML UUID (stable for
@@ -598,7 +609,7 @@ impl GaugeSet {
     }
 
     /// GPU memory used and total as the hardware conventions' `hw.gpu.memory.usage` /
-    /// `hw.gpu.memory.limit`: integer up-down counters in bytes, the `gpu` label as `hw.id`.
+    /// `hw.gpu.memory.limit`: integer up-down counters in bytes, attributes by [`hardware_attributes`].
     fn hardware_gpu(&self, name: &str, otlp_name: &str) -> Option<ObservableUpDownCounter<i64>> {
         let gpu_memory = [catalogue::GPU_MEMORY_USED_BYTES.name, catalogue::GPU_MEMORY_TOTAL_BYTES.name];
         if !gpu_memory.contains(&name) {
