@@ -257,8 +257,25 @@ pub struct NabCorpus {
     pub profiles: BTreeMap<String, CostMatrix>,
 }
 
+/// Reads `path` as text, or `path.gz` decompressed when `path` itself is absent (the
+/// repository keeps NAB's CSVs gzipped; an upstream checkout has them plain).
 fn read(path: &Path) -> Result<String, NabError> {
-    std::fs::read_to_string(path).map_err(|source| NabError::Io { path: path.display().to_string(), source })
+    let io = |p: &Path, source| NabError::Io { path: p.display().to_string(), source };
+    if path.exists() {
+        return std::fs::read_to_string(path).map_err(|e| io(path, e));
+    }
+    let mut gz_name = path.as_os_str().to_owned();
+    gz_name.push(".gz");
+    let gz = std::path::PathBuf::from(gz_name);
+    if !gz.exists() {
+        // Name the plain file: that is what a user with an upstream checkout looks for.
+        return Err(io(path, std::io::Error::from(std::io::ErrorKind::NotFound)));
+    }
+    let file = std::fs::File::open(&gz).map_err(|e| io(&gz, e))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
+        .map_err(|e| io(&gz, e))?;
+    Ok(text)
 }
 
 fn fmt_err(path: &Path, problem: impl Into<String>) -> NabError {
@@ -300,25 +317,49 @@ impl NabCorpus {
     }
 }
 
-/// The NAB categories omen is judged on: real server metrics.
-pub const CATEGORIES: [&str; 2] = ["realAWSCloudwatch", "realKnownCause"];
+/// The category folders under `dir/data`, sorted (NAB's categories present in a checkout).
+pub fn categories(dir: &Path) -> Result<Vec<String>, NabError> {
+    let folder = dir.join("data");
+    let io = |source| NabError::Io { path: folder.display().to_string(), source };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&folder).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        if entry.file_type().map_err(io)?.is_dir() {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        return Err(fmt_err(&folder, "no category folders; point at a NAB checkout's top directory"));
+    }
+    Ok(out)
+}
 
-/// The data files of [`CATEGORIES`] under `dir/data`, as `category/file.csv`, sorted
-/// within each category (the order every NAB table here uses).
+/// Every data file under `dir/data` as `category/file.csv` (a gzipped `file.csv.gz` is
+/// listed as `file.csv`), sorted by category, then by name: the order every NAB table
+/// here uses.
 pub fn data_files(dir: &Path) -> Result<Vec<String>, NabError> {
     let mut out = Vec::new();
-    for category in CATEGORIES {
-        let folder = dir.join("data").join(category);
+    for category in categories(dir)? {
+        let folder = dir.join("data").join(&category);
         let io = |source| NabError::Io { path: folder.display().to_string(), source };
-        let mut names: Vec<String> = std::fs::read_dir(&folder)
-            .map_err(io)?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect::<Result<_, _>>()
-            .map_err(io)?;
+        let mut names: Vec<String> = Vec::new();
+        for entry in std::fs::read_dir(&folder).map_err(io)? {
+            let name = entry.map_err(io)?.file_name().to_string_lossy().into_owned();
+            let csv = name.strip_suffix(".gz").unwrap_or(&name);
+            if csv.ends_with(".csv") {
+                names.push(csv.to_string());
+            }
+        }
         names.sort();
         out.extend(names.into_iter().map(|name| format!("{category}/{name}")));
     }
     Ok(out)
+}
+
+/// The category of a relative data path (`realKnownCause/nyc_taxi.csv` -> `realKnownCause`).
+pub fn category_of(rel: &str) -> &str {
+    rel.split_once('/').map_or("", |(c, _)| c)
 }
 
 /// `results/<detector>/<category>/<detector>_<file>`: a detector's published scores of
@@ -450,17 +491,23 @@ mod tests {
     #[test]
     fn data_files_and_result_paths_follow_nab_layout() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/nab");
+        let cats = categories(&dir).unwrap();
+        assert_eq!(cats.len(), 6, "{cats:?}");
         let files = data_files(&dir).unwrap();
-        assert_eq!(files.len(), 24, "{files:?}");
-        assert!(files[0].starts_with("realAWSCloudwatch/") && files[23].starts_with("realKnownCause/"));
+        assert_eq!(files.len(), 51, "{files:?}");
+        assert!(files.iter().all(|f| f.ends_with(".csv") && cats.contains(&category_of(f).to_string())));
         assert!(files.windows(2).all(|w| w[0] < w[1]), "sorted within and across categories");
         assert_eq!(
             result_path(&dir, "null", "realKnownCause/nyc_taxi.csv"),
             dir.join("results/null/realKnownCause/null_nyc_taxi.csv")
         );
-        assert!(result_path(&dir, "numenta", &files[5]).exists());
+        // Gzipped files read as the plain name.
+        let (ts, v) = read_csv_column(&result_path(&dir, "numenta", &files[5]), "anomaly_score").unwrap();
+        assert!(!ts.is_empty() && ts.len() == v.len());
         let e = data_files(&dir.join("missing")).unwrap_err();
-        assert!(e.to_string().contains("missing/data/realAWSCloudwatch"), "{e}");
+        assert!(e.to_string().contains("missing/data"), "{e}");
+        let e = read_csv_column(&dir.join("data/none.csv"), "value").unwrap_err();
+        assert!(e.to_string().contains("data/none.csv") && e.to_string().contains("complete"), "{e}");
     }
 
     #[test]
