@@ -103,10 +103,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         numenta.push((rel, nts, nsc));
     }
     println!(
-        "NAB on {} files (realAWSCloudwatch + realKnownCause); window {window}, novelty tolerance \
+        "NAB on {} files ({}); window {window}, novelty tolerance \
          {tolerance} refractory {refractory}; surprise bins {bins} order {order} alpha {alpha} pad {pad} \
          day buckets {day_buckets}",
-        numenta.len()
+        numenta.len(),
+        nab::categories(&dir)?.join(" + ")
     );
     println!("| profile | {} | numenta |", names.join(" | "));
     println!("|---|{}", "---|".repeat(names.len() + 1));

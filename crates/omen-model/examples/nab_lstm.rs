@@ -1,4 +1,4 @@
-//! The full NAB evaluation of omen's detectors on the 24 files at hand: the window anomaly
+//! The full NAB evaluation of omen's detectors on the files at hand: the window anomaly
 //! score alone, the LSTM autoencoder alone (trained per file on its probationary rows only,
 //! NAB's normal period), the combined health score (max of the two severities) and the
 //! pruned autoencoder, each optimised by NAB's threshold sweep and normalised, beside the
@@ -198,8 +198,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let n = count as f64;
     println!(
-        "NAB on {count} files (realAWSCloudwatch + realKnownCause); features {}, window {}, hidden {}, latent {}, {} threads; total {:.0}s",
-        o.features, o.cfg.window, o.cfg.hidden, o.cfg.latent, o.threads, started.elapsed().as_secs_f64()
+        "NAB on {count} files ({}); features {}, window {}, hidden {}, latent {}, {} threads; total {:.0}s",
+        nab::categories(&dir)?.join(" + "),
+        o.features,
+        o.cfg.window,
+        o.cfg.hidden,
+        o.cfg.latent,
+        o.threads,
+        started.elapsed().as_secs_f64()
     );
     println!("training per file: mean {:.1}s, max {:.1}s", train_s / n, train_max);
     println!();

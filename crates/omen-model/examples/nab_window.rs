@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (nts, nsc) = nab::read_csv_column(&nab::result_path(&dir, "numenta", &rel), "anomaly_score")?;
         numenta.push((rel, nts, nsc));
     }
-    println!("NAB on {} files (realAWSCloudwatch + realKnownCause), window {window}", omen.len());
+    println!("NAB on {} files ({}), window {window}", omen.len(), nab::categories(&dir)?.join(" + "));
     println!("| profile | omen window score (threshold) | numenta (threshold) |");
     println!("|---|---|---|");
     for prof in PROFILES {

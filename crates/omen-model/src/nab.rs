@@ -261,17 +261,18 @@ pub struct NabCorpus {
 /// repository keeps NAB's CSVs gzipped; an upstream checkout has them plain).
 fn read(path: &Path) -> Result<String, NabError> {
     let io = |p: &Path, source| NabError::Io { path: p.display().to_string(), source };
-    if path.exists() {
-        return std::fs::read_to_string(path).map_err(|e| io(path, e));
-    }
-    let mut gz_name = path.as_os_str().to_owned();
-    gz_name.push(".gz");
-    let gz = std::path::PathBuf::from(gz_name);
-    if !gz.exists() {
-        // Name the plain file: that is what a user with an upstream checkout looks for.
-        return Err(io(path, std::io::Error::from(std::io::ErrorKind::NotFound)));
-    }
-    let file = std::fs::File::open(&gz).map_err(|e| io(&gz, e))?;
+    let plain = match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => e,
+        other => return other.map_err(|e| io(path, e)),
+    };
+    let mut gz = path.as_os_str().to_owned();
+    gz.push(".gz");
+    let gz = std::path::PathBuf::from(gz);
+    // Neither exists: name the plain file, what a user with an upstream checkout looks for.
+    let file = std::fs::File::open(&gz).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => io(path, plain),
+        _ => io(&gz, e),
+    })?;
     let mut text = String::new();
     std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
         .map_err(|e| io(&gz, e))?;

@@ -13,7 +13,7 @@ fn novelty_surprise_scores_above_numenta_on_the_standard_profile() {
     let corpus = NabCorpus::load(&dir).expect("NAB data (data/nab, or OMEN_NAB_DIR)");
     let (mut ours, mut numenta): (Files, Files) = (Vec::new(), Vec::new());
     // The two categories of real server metrics the defaults were first judged on; the
-    // whole corpus is `omen evaluate-detectors` (docs/nab.md), where it is not above numenta.
+    // whole corpus is in docs/nab.md ("The whole corpus"), where it is not above numenta.
     let server_metrics = nab::data_files(&dir)
         .unwrap()
         .into_iter()
