@@ -3,6 +3,7 @@
 
 pub mod canary;
 pub mod clock;
+pub mod http;
 pub mod ingest;
 pub mod nsys;
 pub mod nvml;
