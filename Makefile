@@ -76,6 +76,8 @@ run: setup-rust
 test: setup test-rust test-fixtures test-ops test-integrations test-fuzz e2e
 
 test-rust: setup-torch setup-bertscore-model
+	$(CARGO) test --workspace --all-targets --no-run
+	bash scripts/check-omen-links.sh target/debug/omen
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --release --test window_long_series
 

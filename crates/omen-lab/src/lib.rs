@@ -2,8 +2,10 @@
 //! degradation traces, [`replay`] runs a trace through the pipeline into a report with a
 //! picture, [`evaluate_warnings`] scores the early warnings on a set of scenarios, and
 //! [`explain`] attributes a latency change to throughput, TTFT and quality, and [`stress`]
-//! finds how much prompt perturbation a model's answers withstand.
+//! finds how much prompt perturbation a model's answers withstand. [`detectors`] prints
+//! the NAB table of omen's detectors beside the published ones.
 
+pub mod detectors;
 pub mod evaluate_warnings;
 pub mod explain;
 pub mod history;

@@ -16,8 +16,8 @@ use std::time::Instant;
 use omen_model::eval::{window_f1, window_rows, WindowF1};
 use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{LstmAeConfig, LstmAutoencoder};
-use omen_model::nab::{self, NabCorpus, PROFILES};
 use omen_model::{PotThreshold, SeverityMap};
+use omen_nab::{self as nab, NabCorpus, PROFILES};
 use omen_signals::window::WindowAnomaly;
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::nab::CostMatrix;
+use omen_nab::CostMatrix;
 
 /// NAB's cost matrix of a profile (config/profiles.json of NAB), for callers without the NAB folder.
 pub fn nab_profile(name: &str) -> Option<CostMatrix> {

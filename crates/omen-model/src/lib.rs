@@ -8,7 +8,6 @@ pub mod eval;
 pub mod features;
 #[cfg(feature = "torch")]
 pub mod lstm_ae;
-pub mod nab;
 pub mod normalize;
 pub mod pot;
 #[cfg(feature = "torch")]

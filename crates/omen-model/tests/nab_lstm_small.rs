@@ -6,7 +6,7 @@
 
 use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
-use omen_model::nab::{self, NabCorpus};
+use omen_nab::{self as nab, NabCorpus};
 
 #[test]
 fn nyc_taxi_lstm_ae_beats_the_null_detector() {

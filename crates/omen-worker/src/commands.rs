@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use omen_model::eval::{nab_profile, window_f1, window_rows};
 use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
-use omen_model::nab::{self, NabCorpus, PROFILES};
+use omen_nab::{self as nab, NabCorpus, PROFILES};
 
 use omen_protocol::training::{load_labels, load_table, EvaluateArgs, TrainArgs};
 

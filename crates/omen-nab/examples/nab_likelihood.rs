@@ -19,12 +19,12 @@
 //!   port gives numenta's published score (it reproduces the published anomaly_score
 //!   column, tests/nab_published.rs).
 //!
-//! Usage: `cargo run --release -p omen-model --example nab_likelihood -- [OPTIONS]`
+//! Usage: `cargo run --release -p omen-nab --example nab_likelihood -- [OPTIONS]`
 //! Options (defaults in brackets): `--window 16` `--tolerance 0.01` `--refractory 200`
 //! `--bins 16` `--order 3` `--alpha 1` `--pad 0.2` `--day-buckets 8`. OMEN_NAB_DIR overrides
 //! the data directory.
 
-use omen_model::nab::{self, NabCorpus, PROFILES};
+use omen_nab::{self as nab, NabCorpus, PROFILES};
 use omen_signals::{HtmLikelihood, NoveltySurprise, NoveltySurpriseConfig, WindowAnomaly};
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;

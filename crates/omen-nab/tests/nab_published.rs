@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use omen_model::nab::{self, NabCorpus, PROFILES};
+use omen_nab::{self as nab, NabCorpus, PROFILES};
 
 /// Rows in the 51 data files of data/nab (NAB's 58 less the kept-apart category).
 const ROWS: usize = 349_894;

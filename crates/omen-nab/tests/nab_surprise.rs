@@ -2,7 +2,7 @@
 //! published numenta detector, both scored by the port with the same threshold sweep on
 //! the 24 files of real server metrics: a higher normalised standard-profile score.
 
-use omen_model::nab::{self, NabCorpus};
+use omen_nab::{self as nab, NabCorpus};
 use omen_signals::{NoveltySurprise, NoveltySurpriseConfig};
 
 type Files = Vec<(String, Vec<String>, Vec<f64>)>;

@@ -1,10 +1,10 @@
 //! Scores omen's sliding-window anomaly score on the NAB files at hand and prints its
 //! normalised NAB score next to numenta's, both optimised with the same threshold sweep.
 //!
-//! Usage: `cargo run -p omen-model --example nab_window [-- WINDOW]` (OMEN_NAB_DIR overrides
+//! Usage: `cargo run -p omen-nab --example nab_window [-- WINDOW]` (OMEN_NAB_DIR overrides
 //! the data directory, default data/nab in the repository).
 
-use omen_model::nab::{self, NabCorpus, PROFILES};
+use omen_nab::{self as nab, NabCorpus, PROFILES};
 use omen_signals::window::WindowAnomaly;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
