@@ -164,11 +164,16 @@ pub use omen_sources::{CanarySourceConfig, NvmlSourceConfig, ServerMetricsConfig
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SignalsConfig {
-    /// Window length of the anomaly score, in samples.
+    /// The per-series detector whose score is each series' anomaly score and risk.
+    pub detector: DetectorKind,
+    /// Parameters of the `novelty_surprise` detector.
+    pub novelty_surprise: NoveltySurpriseSettings,
+    /// Window length of the window score, in samples (also the "old normal" a change is
+    /// judged against, whichever detector scores).
     pub window: usize,
-    /// A window score at or below this is normal (risk 0).
+    /// A window score at or below this is normal (risk 0; `window` detector).
     pub anomaly_normal: f64,
-    /// A window score at or above this is full risk (1).
+    /// A window score at or above this is full risk (1; `window` detector).
     pub anomaly_full: f64,
     /// Samples a change must hold (stay beyond 3 sigma of the old normal) before it counts.
     pub persistence: usize,
@@ -182,12 +187,82 @@ pub struct SignalsConfig {
 impl Default for SignalsConfig {
     fn default() -> Self {
         Self {
+            detector: DetectorKind::default(),
+            novelty_surprise: NoveltySurpriseSettings::default(),
             window: 60,
             anomaly_normal: 4.0,
             anomaly_full: 12.0,
             persistence: 3,
             latch: Duration::from_secs(3600),
             rci_weights: RciWeightsConfig::default(),
+        }
+    }
+}
+
+/// `signals.detector`: which detector scores each series.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DetectorKind {
+    /// Range novelty, else the larger of two context surprises (one by time of day):
+    /// the detector that scores best on NAB (docs/nab.md).
+    #[default]
+    NoveltySurprise,
+    /// The window score: distance of a value from its window's mean in window sigmas.
+    Window,
+}
+
+/// `signals.novelty_surprise`: the NoveltySurprise detector's parameters, chosen on NAB.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NoveltySurpriseSettings {
+    /// Samples a series' detector learns its value range from before it scores (NAB's
+    /// probation is at most 750 rows).
+    pub learning_samples: usize,
+    /// The learned range is widened by this fraction of it on each side.
+    pub range_pad: f64,
+    /// Equal bins over the value range.
+    pub bins: usize,
+    /// Context length, in values.
+    pub order: usize,
+    /// Time-of-day buckets of the second context model (UTC).
+    pub day_buckets: u16,
+    /// A value beyond the range seen, widened by this fraction of it, is novel.
+    pub tolerance: f64,
+    /// Samples between two novelty flags of one series.
+    pub refractory: u64,
+    /// A score at or below this is normal (risk 0).
+    pub risk_normal: f64,
+    /// A score at or above this is full risk (1).
+    pub risk_full: f64,
+}
+
+impl Default for NoveltySurpriseSettings {
+    fn default() -> Self {
+        let d = omen_signals::NoveltySurpriseConfig::default();
+        Self {
+            learning_samples: 750,
+            range_pad: 0.2,
+            bins: d.bins,
+            order: d.order,
+            day_buckets: d.day_buckets,
+            tolerance: d.tolerance,
+            refractory: d.refractory,
+            risk_normal: 0.99,
+            risk_full: 1.0,
+        }
+    }
+}
+
+impl NoveltySurpriseSettings {
+    /// The detector's own parameters.
+    pub fn detector_config(&self) -> omen_signals::NoveltySurpriseConfig {
+        omen_signals::NoveltySurpriseConfig {
+            bins: self.bins,
+            order: self.order,
+            day_buckets: self.day_buckets,
+            tolerance: self.tolerance,
+            refractory: self.refractory,
+            ..Default::default()
         }
     }
 }
@@ -616,6 +691,22 @@ fn validate_signals(s: &SignalsConfig, p: &mut Problems) {
     if s.persistence == 0 {
         p.bad("signals.persistence", "must be at least 1");
     }
+    let n = &s.novelty_surprise;
+    if n.learning_samples == 0 {
+        p.bad("signals.novelty_surprise.learning_samples", "must be at least 1 (default 750)");
+    }
+    if !(n.range_pad.is_finite() && n.range_pad >= 0.0) {
+        p.bad("signals.novelty_surprise.range_pad", "must be a fraction >= 0 (default 0.2)");
+    }
+    if !((0.0..=1.0).contains(&n.risk_normal) && n.risk_full > n.risk_normal && n.risk_full <= 1.0) {
+        p.bad(
+            "signals.novelty_surprise.risk_full",
+            "needs 0 <= risk_normal < risk_full <= 1 (defaults 0.99 and 1.0)",
+        );
+    }
+    if let Err(e) = omen_signals::LearningNoveltySurprise::new(1, 0.0, n.detector_config()) {
+        p.bad("signals.novelty_surprise", e.to_string());
+    }
     let w = &s.rci_weights;
     if let Err(e) = omen_signals::RciWeights::new(w.bleu, w.semantic, w.repetition) {
         p.bad("signals.rci_weights", e.to_string());
@@ -849,6 +940,26 @@ mod tests {
         let e = Config::from_yaml("signals:\n  window: 2\n  rci_weights: {bleu: 0.5, semantic: 0.5, repetition: 0.5}\nhealth:\n  warning: 0.9\n  critical: 0.8\nforecast:\n  confidence: 2\n").unwrap_err();
         let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(paths, ["signals.window", "signals.rci_weights", "health.warning", "forecast.confidence"]);
+    }
+
+    #[test]
+    fn detector_problems_name_their_fields() {
+        let yaml = "signals:\n  detector: novelty_surprise\n  novelty_surprise: {learning_samples: 0, range_pad: -1, risk_normal: 1.0, bins: 0}\n";
+        let e = Config::from_yaml(yaml).unwrap_err();
+        let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "signals.novelty_surprise.learning_samples",
+                "signals.novelty_surprise.range_pad",
+                "signals.novelty_surprise.risk_full",
+                "signals.novelty_surprise"
+            ]
+        );
+        assert!(e.iter().any(|p| p.message.contains("bins")), "{e:?}");
+        let e = Config::from_yaml("signals: {detector: htm}\n").unwrap_err();
+        assert!(e[0].path.starts_with("signals.detector"), "{e:?}");
+        assert!(e[0].message.contains("novelty_surprise") && e[0].message.contains("window"), "{e:?}");
     }
 
     #[test]

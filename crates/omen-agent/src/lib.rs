@@ -3,6 +3,7 @@
 //! the offline tools live in omen-lab and omen-bench, the store in omen-store.
 
 pub mod config;
+pub mod detector;
 pub mod engine;
 pub mod http;
 #[cfg(feature = "lstm")]

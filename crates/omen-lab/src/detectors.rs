@@ -7,8 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
+use omen_agent::config::{DetectorKind, SignalsConfig};
+use omen_agent::detector::SeriesDetector;
 use omen_nab::{self as nab, CostMatrix, NabCorpus, SweepPoint, ThresholdScore, PROFILES};
-use omen_signals::{NoveltySurprise, NoveltySurpriseConfig, WindowAnomaly};
+use omen_signals::NoveltySurpriseConfig;
 
 /// Errors of the NAB evaluation; each names the input.
 #[derive(Debug, thiserror::Error)]
@@ -81,14 +83,13 @@ impl NabData {
 }
 
 /// A detector the table scores.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Detector {
     /// A published detector, read from `results/<name>/`.
     Published(String),
-    /// omen's NAB detector with these parameters.
-    NoveltySurprise(NoveltySurpriseConfig),
-    /// omen's window anomaly score over this many samples, squashed s / (1 + s).
-    Window(usize),
+    /// The agent's per-series detector ([`SeriesDetector`], the object the pipeline runs on
+    /// every live sample) with these `signals` settings.
+    Agent(Box<SignalsConfig>),
 }
 
 impl Detector {
@@ -96,16 +97,20 @@ impl Detector {
     pub fn name(&self) -> String {
         match self {
             Self::Published(n) => n.clone(),
-            Self::NoveltySurprise(c) if *c == NoveltySurpriseConfig::default() => {
-                "omen novelty-surprise".into()
-            }
-            Self::NoveltySurprise(c) => {
-                format!(
-                    "omen novelty-surprise (bins {}, order {}, refractory {})",
-                    c.bins, c.order, c.refractory
-                )
-            }
-            Self::Window(w) => format!("omen window score (w={w})"),
+            Self::Agent(c) => match c.detector {
+                DetectorKind::NoveltySurprise => {
+                    let n = &c.novelty_surprise;
+                    if n.detector_config() == NoveltySurpriseConfig::default() {
+                        "omen novelty_surprise (agent default)".into()
+                    } else {
+                        format!(
+                            "omen novelty_surprise (bins {}, order {}, refractory {})",
+                            n.bins, n.order, n.refractory
+                        )
+                    }
+                }
+                DetectorKind::Window => format!("omen window (w={})", c.window),
+            },
         }
     }
 
@@ -127,36 +132,41 @@ impl Detector {
                 }
                 Ok(scores)
             }
-            Self::NoveltySurprise(config) => {
-                // The detector learns its value range from the probationary rows, widened by
-                // 20% of that range on each side (NAB lets a detector learn from them).
-                let (low, high) = nab::learning_range(&file.values, 0.2);
-                let probation = nab::probation_length(file.values.len()) as u64;
-                let mut d = NoveltySurprise::new(low, high, probation, *config).map_err(signal)?;
+            Self::Agent(config) => {
+                // NAB lets a detector learn from the probationary rows: the agent's detector
+                // learns from exactly those. NAB sweeps thresholds over [0, 1], so the window
+                // score (unbounded) is squashed s / (1 + s), which keeps its order.
+                let probation = nab::probation_length(file.values.len());
+                let mut d = SeriesDetector::with_learning(config, probation).map_err(signal)?;
+                let squash = config.detector == DetectorKind::Window;
                 file.values
                     .iter()
                     .zip(&file.timestamps)
-                    .map(|(&v, t)| d.push(v, nab::day_fraction(t)?).map_err(signal))
-                    .collect()
-            }
-            Self::Window(w) => {
-                let mut d = WindowAnomaly::new(*w).map_err(signal)?;
-                file.values
-                    .iter()
-                    .map(|&v| Ok(d.push(v).map_err(signal)?.map_or(0.0, |s| s.score / (1.0 + s.score))))
+                    .map(|(&v, t)| {
+                        let score = d.push(timestamp_ms(&file.rel, t)?, v).map_err(signal)?.score;
+                        Ok(score.map_or(0.0, |s| if squash { s / (1.0 + s) } else { s }))
+                    })
                     .collect()
             }
         }
     }
 }
 
+/// A NAB time stamp (`YYYY-MM-DD HH:MM:SS[.f]`, no zone) as Unix ms, read as UTC.
+fn timestamp_ms(file: &str, t: &str) -> Result<i64, DetectorsError> {
+    chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f")
+        .map(|d| d.and_utc().timestamp_millis())
+        .map_err(|e| {
+            DetectorsError::Empty(format!("{file}: time stamp {t:?} is not YYYY-MM-DD HH:MM:SS ({e})"))
+        })
+}
+
 /// omen's detectors with their shipped settings: the NAB detector with its defaults and
 /// the agent's window score with the default `signals.window`.
 pub fn omen_detectors() -> Vec<Detector> {
-    vec![
-        Detector::NoveltySurprise(NoveltySurpriseConfig::default()),
-        Detector::Window(omen_agent::config::SignalsConfig::default().window),
-    ]
+    let novelty = SignalsConfig { detector: DetectorKind::NoveltySurprise, ..SignalsConfig::default() };
+    let window = SignalsConfig { detector: DetectorKind::Window, ..SignalsConfig::default() };
+    vec![Detector::Agent(Box::new(novelty)), Detector::Agent(Box::new(window))]
 }
 
 /// A category's share of a detector's result at the corpus threshold.
@@ -306,13 +316,17 @@ pub struct LeaveOneOut {
 
 /// The parameter sets [`leave_one_category_out`] chooses from: the defaults' neighbours in
 /// bins, context order and refractory period. Declared before looking at any score.
-pub fn novelty_surprise_grid() -> Vec<NoveltySurpriseConfig> {
-    let d = NoveltySurpriseConfig::default();
+pub fn novelty_surprise_grid() -> Vec<SignalsConfig> {
     let mut out = Vec::new();
     for bins in [8, 16, 32] {
         for order in [2, 3, 4] {
             for refractory in [100, 200, 400] {
-                out.push(NoveltySurpriseConfig { bins, order, refractory, ..d });
+                let mut c =
+                    SignalsConfig { detector: DetectorKind::NoveltySurprise, ..SignalsConfig::default() };
+                c.novelty_surprise.bins = bins;
+                c.novelty_surprise.order = order;
+                c.novelty_surprise.refractory = refractory;
+                out.push(c);
             }
         }
     }
@@ -323,7 +337,7 @@ pub fn novelty_surprise_grid() -> Vec<NoveltySurpriseConfig> {
 /// categories, then score the category with them. `progress(done, total)` per candidate.
 pub fn leave_one_category_out(
     data: &NabData,
-    candidates: &[NoveltySurpriseConfig],
+    candidates: &[SignalsConfig],
     profile: &str,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<LeaveOneOut, DetectorsError> {
@@ -332,7 +346,7 @@ pub fn leave_one_category_out(
     let all: Vec<usize> = (0..data.files.len()).collect();
     let mut points = Vec::new();
     for (k, c) in candidates.iter().enumerate() {
-        let det = Detector::NoveltySurprise(*c);
+        let det = Detector::Agent(Box::new(c.clone()));
         let scores: Vec<Vec<f64>> =
             data.files.iter().map(|f| det.scores(&data.dir, f)).collect::<Result<_, _>>()?;
         points.push((det.name(), Points::new(data, &scores, &cost)?));
@@ -466,15 +480,16 @@ mod tests {
     #[test]
     fn leave_one_out_scores_each_category_with_parameters_chosen_elsewhere() {
         let d = data();
-        let grid =
-            [NoveltySurpriseConfig::default(), NoveltySurpriseConfig { bins: 8, ..Default::default() }];
+        let mut grid = novelty_surprise_grid();
+        grid.truncate(2);
         let l = leave_one_category_out(&d, &grid, "standard", |_, _| {}).unwrap();
         assert_eq!(l.categories.len(), 6);
         assert!(l.normalised.is_finite() && l.tuned_on_all.is_finite());
         // Choosing on the whole corpus is never worse on it than choosing elsewhere.
         assert!(l.tuned_on_all >= l.normalised - 1e-9, "{l:?}");
-        let t = table(&evaluate(&d, &[Detector::Window(16)], |_, _| {}).unwrap(), Some(&l), 51);
-        assert!(t.contains("all, left out") && t.contains("omen window score (w=16)"), "{t}");
+        let window = SignalsConfig { detector: DetectorKind::Window, window: 16, ..SignalsConfig::default() };
+        let t = table(&evaluate(&d, &[Detector::Agent(Box::new(window))], |_, _| {}).unwrap(), Some(&l), 51);
+        assert!(t.contains("all, left out") && t.contains("omen window (w=16)"), "{t}");
     }
 
     #[test]

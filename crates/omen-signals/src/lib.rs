@@ -27,11 +27,14 @@ pub use kvf::{
     blocks_needed, first_fit_contiguous, fragmentation_from_bitmap, fragmentation_from_extents,
     fragmentation_from_occupancy, plan_paged_blocks, BlockPlan, Fragmentation, KVF_ALERT_THRESHOLD,
 };
-pub use novelty::{ContextSurprise, NoveltySurprise, NoveltySurpriseConfig, RangeNovelty, SurpriseParts};
+pub use novelty::{
+    learned_range, ContextSurprise, LearningNoveltySurprise, NoveltySurprise, NoveltySurpriseConfig,
+    RangeNovelty, SurpriseParts,
+};
 pub use rci::{
     consistency_decay_index, repetition_ratio, Rci, RciParts, RciWeights, SemanticSimilarity, StreamingRci,
 };
-pub use time::{DAY_MS, MINUTE_MS};
+pub use time::{day_fraction_utc, DAY_MS, MINUTE_MS};
 pub use tle::{first_token_entropy_bits, first_token_entropy_from_top_logprobs, TopKEntropy};
 pub use trend::{
     days_to_breach, median, theil_sen, trailing_worst, BreachDirection, BreachForecast, TheilSen,

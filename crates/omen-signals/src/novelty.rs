@@ -164,7 +164,8 @@ impl ContextSurprise {
     }
 }
 
-/// Parameters of [`NoveltySurprise`]; the defaults are the ones judged on NAB (docs/nab.md).
+/// Parameters of [`NoveltySurprise`]. The defaults are the set leave-one-category-out
+/// chose on NAB's 51 files (for 5 of its 6 folds; docs/nab.md, `omen evaluate-detectors`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NoveltySurpriseConfig {
     /// Equal bins over the value range.
@@ -183,7 +184,7 @@ pub struct NoveltySurpriseConfig {
 
 impl Default for NoveltySurpriseConfig {
     fn default() -> Self {
-        Self { bins: 16, order: 3, alpha: 1.0, day_buckets: 8, tolerance: 0.01, refractory: 200 }
+        Self { bins: 32, order: 4, alpha: 1.0, day_buckets: 8, tolerance: 0.01, refractory: 100 }
     }
 }
 
@@ -240,6 +241,79 @@ impl NoveltySurprise {
         self.pushed += 1;
         Ok(SurpriseParts { novel, plain, by_time_of_day, learning: self.pushed <= self.learning })
     }
+}
+
+/// [`NoveltySurprise`] for a live stream: it learns its value range from the first
+/// `learning` values, widened by `pad` x that range on each side, then replays them into
+/// the detector and scores every value after them. This is how NAB runs a detector
+/// (its probationary rows are the learning rows) and how the agent runs one per series,
+/// so a NAB score of this object is the score the agent's detector gets.
+#[derive(Debug, Clone)]
+pub struct LearningNoveltySurprise {
+    learning: usize,
+    pad: f64,
+    config: NoveltySurpriseConfig,
+    /// The learning values and their day fractions, until the detector exists.
+    buffer: Vec<(f64, f64)>,
+    detector: Option<NoveltySurprise>,
+}
+
+impl LearningNoveltySurprise {
+    /// A detector that learns from its first `learning` (>= 1) values; `pad` >= 0.
+    pub fn new(learning: usize, pad: f64, config: NoveltySurpriseConfig) -> Result<Self, SignalError> {
+        if learning == 0 {
+            return Err(invalid("learning", learning, "must be at least 1 value"));
+        }
+        if !(pad.is_finite() && pad >= 0.0) {
+            return Err(invalid("pad", pad, "must be a finite fraction >= 0"));
+        }
+        // Check the parameters now rather than when the learning rows are in.
+        NoveltySurprise::new(0.0, 1.0, 0, config)?;
+        Ok(Self { learning, pad, config, buffer: Vec::with_capacity(learning.min(4096)), detector: None })
+    }
+
+    /// Adds a value seen at `day_fraction` of its day; `None` while learning, then its
+    /// score in [0, 1].
+    pub fn push(&mut self, x: f64, day_fraction: f64) -> Result<Option<f64>, SignalError> {
+        if let Some(d) = self.detector.as_mut() {
+            return d.push(x, day_fraction).map(Some);
+        }
+        if !x.is_finite() {
+            return Err(invalid("value", x, "must be finite"));
+        }
+        if !(0.0..1.0).contains(&day_fraction) {
+            return Err(invalid("day_fraction", day_fraction, "must be in [0, 1)"));
+        }
+        self.buffer.push((x, day_fraction));
+        if self.buffer.len() < self.learning {
+            return Ok(None);
+        }
+        let (low, high) = learned_range(self.buffer.iter().map(|&(v, _)| v), self.pad);
+        let mut d = NoveltySurprise::new(low, high, self.learning as u64, self.config)?;
+        for (v, t) in std::mem::take(&mut self.buffer) {
+            d.push(v, t)?;
+        }
+        self.detector = Some(d);
+        Ok(None)
+    }
+
+    /// Whether the learning values are all in and values are being scored.
+    pub fn is_scoring(&self) -> bool {
+        self.detector.is_some()
+    }
+}
+
+/// The range of finite `values` widened by `pad` x that range on each side. The margin
+/// is at least 1e-9 and 1e-12 of the largest magnitude, so a flat start still has a range
+/// whatever its scale (GPU bytes are ~1e10, where 1e-9 is below the precision), and the
+/// ends stay within +-f64::MAX / 4, so the width is finite.
+pub fn learned_range(values: impl IntoIterator<Item = f64>, pad: f64) -> (f64, f64) {
+    let (lo, hi) =
+        values.into_iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
+    let limit = f64::MAX / 4.0;
+    let (lo, hi) = (lo.clamp(-limit, limit), hi.clamp(-limit, limit));
+    let margin = ((hi - lo) * pad).max(1e-9).max(lo.abs().max(hi.abs()) * 1e-12);
+    ((lo - margin).max(-limit), (hi + margin).min(limit))
 }
 
 /// What one [`NoveltySurprise`] score is made of.
@@ -348,6 +422,66 @@ mod tests {
         assert_eq!(d.push(9.0, 0.5).unwrap(), 1.0, "beyond the range seen");
         assert!(d.push(1.0, 1.0).is_err());
         assert!(NoveltySurprise::new(0.0, 4.0, 8, NoveltySurpriseConfig { day_buckets: 0, ..cfg }).is_err());
+    }
+
+    #[test]
+    fn learning_checks_its_parameters_and_inputs() {
+        let cfg = NoveltySurpriseConfig::default();
+        assert!(LearningNoveltySurprise::new(0, 0.2, cfg).is_err());
+        assert!(LearningNoveltySurprise::new(5, -1.0, cfg).is_err());
+        assert!(
+            LearningNoveltySurprise::new(5, 0.2, NoveltySurpriseConfig { day_buckets: 0, ..cfg }).is_err()
+        );
+        let mut d = LearningNoveltySurprise::new(2, 0.2, cfg).unwrap();
+        assert!(d.push(f64::NAN, 0.5).is_err());
+        assert!(d.push(1.0, 1.0).is_err());
+        assert_eq!(d.push(1.0, 0.5).unwrap(), None);
+        assert!(!d.is_scoring());
+        assert_eq!(d.push(1.0, 0.5).unwrap(), None, "a flat learning period still gets a range");
+        assert!(d.is_scoring());
+        assert_eq!(d.push(5.0, 0.5).unwrap(), Some(1.0), "beyond the learned range");
+        assert!(d.push(f64::INFINITY, 0.5).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_finite_learning_values_give_a_usable_range(
+            values in proptest::collection::vec(prop_oneof![-1e308f64..1e308, -1e12f64..1e12, Just(8.1e10)], 1..50),
+            pad in 0.0f64..1.0,
+        ) {
+            let (low, high) = learned_range(values.iter().copied(), pad);
+            prop_assert!(low.is_finite() && high.is_finite() && low < high && (high - low).is_finite());
+            let mut d = LearningNoveltySurprise::new(values.len(), pad, NoveltySurpriseConfig::default()).unwrap();
+            for &v in &values {
+                prop_assert_eq!(d.push(v, 0.5).unwrap(), None);
+            }
+            let s = d.push(values[0], 0.5).unwrap().unwrap();
+            prop_assert!((0.0..=1.0).contains(&s));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn learning_then_scoring_equals_the_detector_built_on_the_learning_range(
+            xs in proptest::collection::vec((-50.0f64..50.0, 0.0f64..1.0), 1..300),
+            learning in 1usize..100,
+            pad in 0.0f64..0.5,
+        ) {
+            let cfg = NoveltySurpriseConfig { bins: 8, order: 2, refractory: 10, ..Default::default() };
+            let mut live = LearningNoveltySurprise::new(learning, pad, cfg).unwrap();
+            let seen = &xs[..learning.min(xs.len())];
+            let (low, high) = learned_range(seen.iter().map(|&(v, _)| v), pad);
+            let mut batch = NoveltySurprise::new(low, high, learning as u64, cfg).unwrap();
+            for (i, &(x, t)) in xs.iter().enumerate() {
+                let want = batch.push(x, t).unwrap();
+                let got = live.push(x, t).unwrap();
+                if i < learning {
+                    prop_assert_eq!(got, None);
+                } else {
+                    prop_assert_eq!(got, Some(want));
+                }
+            }
+        }
     }
 
     proptest! {

@@ -1,15 +1,17 @@
-//! Per-series detection: each series' window anomaly score, the onset of a suspected
-//! change, and the debounced risk that the health score ranks.
+//! Per-series detection: each series' anomaly score from the configured detector
+//! (crate::detector), the onset of a suspected change, and the debounced risk that the
+//! health score ranks.
 
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Result;
-use omen_signals::{catalogue, WindowAnomaly};
+use omen_signals::catalogue;
 use omen_sources::Sample;
 
 use super::ingest::Batch;
 use super::{to_labels, Contributor, Engine};
 use crate::config::SignalsConfig;
+use crate::detector::{Detection, SeriesDetector};
 use crate::metrics::{GaugeHandle, LiveMetrics};
 use omen_store::SeriesId;
 
@@ -36,9 +38,9 @@ struct Onset {
     held: usize,
 }
 
-/// One scored series: its window, its onset, its live gauges and its store ids.
+/// One scored series: its detector, its onset, its live gauges and its store ids.
 pub(super) struct SeriesState {
-    scorer: WindowAnomaly,
+    detector: SeriesDetector,
     onset: Option<Onset>,
     /// Time of the last raw sample stored (decimation).
     last_raw_ms: Option<i64>,
@@ -61,12 +63,12 @@ pub(super) struct SeriesState {
 pub(super) type SeriesMap = HashMap<String, HashMap<BTreeMap<String, String>, SeriesState>>;
 
 impl SeriesState {
-    /// A series first seen with sample `s`, its window `window` samples long.
-    fn new(s: &Sample, window: usize, live: &LiveMetrics) -> Self {
+    /// A series first seen with sample `s`, scored by the detector `signals` configures.
+    fn new(s: &Sample, signals: &SignalsConfig, live: &LiveMetrics) -> Self {
         let mut anomaly_labels = s.labels.clone();
         anomaly_labels.insert("signal".into(), s.signal.clone());
         Self {
-            scorer: WindowAnomaly::new(window).expect("config validated window >= 3"),
+            detector: SeriesDetector::new(signals).expect("config validated the detector's parameters"),
             onset: None,
             last_raw_ms: None,
             last_anomaly_raw_ms: None,
@@ -88,15 +90,14 @@ impl SeriesState {
 }
 
 impl Engine {
-    /// Publishes and scores `s`, the `i`th sample of the batch, in its series' window, and
-    /// adds to `batch` whether to keep it raw and, once the window is full, its anomaly score.
+    /// Publishes and scores `s`, the `i`th sample of the batch, with its series' detector,
+    /// and adds to `batch` whether to keep it raw and, once the detector scores, its anomaly score.
     /// Fails only on a non-finite value, which every source rejects before.
     pub(super) fn score_sample(&mut self, i: usize, s: &Sample, batch: &mut Batch) -> Result<()> {
-        let window = self.cfg.signals.window;
         let state = match self.series.get_mut(&s.signal).and_then(|f| f.get_mut(&s.labels)) {
             Some(state) => state,
             None => {
-                let state = SeriesState::new(s, window, &self.live);
+                let state = SeriesState::new(s, &self.cfg.signals, &self.live);
                 let family = match self.series.get_mut(&s.signal) {
                     Some(f) => f,
                     None => self.series.entry(s.signal.clone()).or_default(),
@@ -113,16 +114,17 @@ impl Engine {
         state.last_ts = s.ts_ms;
         batch.push(batch.keep(&mut state.last_raw_ms, s.ts_ms), state.store_id);
         // Values were validated as finite by every source; a failure here is a bug upstream.
-        if let Some(score) = state.scorer.push(s.value)? {
-            state.last_score = score.score;
-            track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &score);
+        let detection = state.detector.push(s.ts_ms, s.value)?;
+        track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &detection);
+        if let Some(score) = detection.score {
+            state.last_score = score;
             match &state.anomaly_gauge {
-                Some(g) => g.set(score.score),
+                Some(g) => g.set(score),
                 None => {
                     state.anomaly_gauge = self.live.gauge_handle(
                         catalogue::ANOMALY_SCORE.name,
                         to_labels(&state.anomaly_labels),
-                        score.score,
+                        score,
                     )
                 }
             }
@@ -131,7 +133,7 @@ impl Engine {
                 ts_ms: s.ts_ms,
                 signal: catalogue::ANOMALY_SCORE.name.into(),
                 labels: state.anomaly_labels.clone(),
-                value: score.score,
+                value: score,
             };
             batch.push_anomaly(anomaly, keep_score, state.anomaly_store_id, i);
         }
@@ -169,40 +171,29 @@ impl Engine {
     }
 }
 
-/// Risk in [0, 1] of one window score.
-fn score_risk(signals: &SignalsConfig, score: f64) -> f64 {
-    ((score - signals.anomaly_normal) / (signals.anomaly_full - signals.anomaly_normal)).clamp(0.0, 1.0)
-}
-
-/// Follows a suspected change. A window score alone fades as the window absorbs a
-/// level shift, so a change is judged against the window it broke away from: it
-/// counts once `persistence` samples in a row stay beyond 3 sigma of that old
-/// normal (a lone spike does not), and is released when values return or after `latch`.
-fn track_onset(
-    state: &mut SeriesState,
-    signals: &SignalsConfig,
-    ts_ms: i64,
-    x: f64,
-    score: &omen_signals::WindowScore,
-) {
-    let risk = score_risk(signals, score.score);
+/// Follows a suspected change. A score alone fades (a window absorbs a level shift, a
+/// surprise model learns the new level), so a change is judged against the window it
+/// broke away from: it opens when the detector's risk is above 0, counts once
+/// `persistence` samples in a row stay beyond 3 sigma of that old normal (a lone spike
+/// does not), and is released when values return or after `latch`.
+fn track_onset(state: &mut SeriesState, signals: &SignalsConfig, ts_ms: i64, x: f64, d: &Detection) {
     if let Some(o) = state.onset.as_mut() {
         let away = (x - o.mean) * o.direction > HOLD_SIGMAS * (o.std + omen_signals::STD_EPSILON);
         let expired = ts_ms - o.ts_ms > signals.latch.as_millis() as i64;
         if away && !expired {
             o.held += 1;
-            o.risk = o.risk.max(risk);
+            o.risk = o.risk.max(d.risk);
             return;
         }
         state.onset = None;
     }
-    if risk > 0.0 {
+    if let (Some(w), true) = (d.window, d.risk > 0.0) {
         state.onset = Some(Onset {
             ts_ms,
-            mean: score.mean,
-            std: score.std,
-            direction: if x >= score.mean { 1.0 } else { -1.0 },
-            risk,
+            mean: w.mean,
+            std: w.std,
+            direction: if x >= w.mean { 1.0 } else { -1.0 },
+            risk: d.risk,
             held: 0,
         });
     }
@@ -226,7 +217,7 @@ mod tests {
     #[test]
     fn sustained_anomaly_raises_health_and_names_the_signal() {
         let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(dir.path(), "signals: {window: 20, persistence: 3}\n");
+        let mut e = engine(dir.path(), "signals: {detector: window, window: 20, persistence: 3}\n");
         let t0 = 1_793_577_600_000;
         for i in 0..60 {
             e.process(vec![kvf(t0 + i * 10_000, 1.2 + 0.01 * ((i * 7) % 5) as f64)]).unwrap();
@@ -244,9 +235,30 @@ mod tests {
     }
 
     #[test]
+    fn novelty_surprise_flags_a_lasting_shift_after_learning() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = "signals: {window: 20, persistence: 3, novelty_surprise: {learning_samples: 40, refractory: 10}}\n";
+        let mut e = engine(dir.path(), yaml);
+        let t0 = 1_793_577_600_000;
+        for i in 0..60 {
+            e.process(vec![kvf(t0 + i * 10_000, 1.2 + 0.01 * ((i * 7) % 5) as f64)]).unwrap();
+        }
+        assert_eq!(e.tick(t0 + 600_000).unwrap().level, Level::Ok);
+        for i in 60..64 {
+            e.process(vec![kvf(t0 + i * 10_000, 3.5)]).unwrap();
+        }
+        let s = e.tick(t0 + 640_000).unwrap();
+        assert_eq!(s.level, Level::Critical, "{s:?}");
+        assert_eq!(s.contributors[0].signal, "kvf_ratio");
+        // The first value beyond the learned range was novel (score 1, risk 1); the change
+        // keeps that risk while it holds, although later values surprise less.
+        assert_eq!(s.contributors[0].risk, 1.0, "{s:?}");
+    }
+
+    #[test]
     fn single_spike_is_debounced() {
         let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(dir.path(), "signals: {window: 20, persistence: 3}\n");
+        let mut e = engine(dir.path(), "signals: {detector: window, window: 20, persistence: 3}\n");
         let t0 = 1_793_577_600_000;
         for i in 0..40 {
             let v = if i == 30 { 50.0 } else { 1.0 + 0.01 * (i % 3) as f64 };
