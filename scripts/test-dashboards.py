@@ -41,7 +41,7 @@ MIN_SCHEMA = 36
 GAUGES = [
     "omen_tle_bits", "omen_rci", "omen_rci_bleu", "omen_rci_bertscore_f1", "omen_rci_repetition_ratio",
     "omen_kvf_ratio", "omen_kvcache_usage_ratio", "omen_gpu_memory_used_bytes", "omen_gpu_memory_total_bytes",
-    "omen_anomaly_score", "omen_lstm_ae_score", "omen_health_score", "omen_forecast_time_to_breach_seconds",
+    "omen_anomaly_score", "omen_anomaly_risk", "omen_lstm_ae_score", "omen_health_score", "omen_forecast_time_to_breach_seconds",
     "omen_forecast_time_to_breach_upper_seconds", "omen_source_up", "omen_build_info",
 ]
 HISTOGRAMS = ["omen_ttft_seconds", "omen_tpot_seconds", "omen_e2e_seconds"]

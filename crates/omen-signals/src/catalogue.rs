@@ -120,9 +120,12 @@ signals! {
     /// GPU memory of one process.
     GPU_PROCESS_MEMORY_BYTES = "gpu_process_memory_bytes", "By", "omen.gpu_process_memory_bytes", false, None,
         "GPU memory used by one process, bytes (NVML)";
-    /// Window anomaly score of one series.
+    /// Anomaly score of one series from the configured detector.
     ANOMALY_SCORE = "anomaly_score", "", "omen.anomaly_score", true, None,
-        "Sliding-window anomaly score |x-mean|/(std+1e-8) + 0.3|skew| of a signal";
+        "Anomaly score of a signal from signals.detector: novelty_surprise in [0,1] (default), or the window score |x-mean|/(std+1e-8) + 0.3|skew|";
+    /// Debounced risk of one series while a change holds.
+    ANOMALY_RISK = "anomaly_risk", "", "omen.anomaly_risk", true, None,
+        "Risk in (0,1] of a signal whose change has held for signals.persistence samples; present only while it holds";
     /// LSTM autoencoder score.
     LSTM_AE_SCORE = "lstm_ae_score", "", "omen.lstm_ae_score", true, None,
         "LSTM autoencoder anomaly score, [0,1]";
@@ -226,8 +229,9 @@ pub fn find(name: &str) -> Option<&'static Signal> {
 
 /// The names of the signals omen derives itself (a test checks them against [`ALL`]); a
 /// short list, since the pipeline asks for every sample.
-pub const DERIVED: [&str; 5] = [
+pub const DERIVED: [&str; 6] = [
     ANOMALY_SCORE.name,
+    ANOMALY_RISK.name,
     LSTM_AE_SCORE.name,
     HEALTH_SCORE.name,
     FORECAST_TIME_TO_BREACH.name,

@@ -54,6 +54,8 @@ pub(super) struct SeriesState {
     anomaly_gauge: Option<GaugeHandle>,
     /// The series' labels plus `signal`: the labels of its anomaly score.
     pub(super) anomaly_labels: BTreeMap<String, String>,
+    /// Whether the series' anomaly-risk gauge is exported.
+    pub(super) risk_published: bool,
     /// Store ids of the series and of its anomaly score, once the store has them (ingest.rs).
     pub(super) store_id: Option<SeriesId>,
     pub(super) anomaly_store_id: Option<SeriesId>,
@@ -78,6 +80,7 @@ impl SeriesState {
             value_gauge: live.gauge_handle(&s.signal, to_labels(&s.labels), s.value),
             anomaly_gauge: None,
             anomaly_labels,
+            risk_published: false,
             store_id: None,
             anomaly_store_id: None,
         }
@@ -145,6 +148,28 @@ impl Engine {
         match state.onset {
             Some(o) if o.held + 1 >= self.cfg.signals.persistence => o.risk,
             _ => 0.0,
+        }
+    }
+
+    /// Exports the risk of every fresh series whose change holds as `anomaly_risk`, and
+    /// withdraws it once the change is released, so an alert rule can name the signal.
+    pub(super) fn publish_risks(&mut self, now_ms: i64) {
+        let persistence = self.cfg.signals.persistence;
+        for family in self.series.values_mut() {
+            for state in family.values_mut() {
+                let risk = match state.onset {
+                    Some(o) if o.held + 1 >= persistence && state.is_fresh(now_ms) => o.risk,
+                    _ => 0.0,
+                };
+                let labels = to_labels(&state.anomaly_labels);
+                if risk > 0.0 {
+                    self.live.set_gauge(catalogue::ANOMALY_RISK.name, labels, risk);
+                    state.risk_published = true;
+                } else if state.risk_published {
+                    self.live.remove_gauge(catalogue::ANOMALY_RISK.name, &labels);
+                    state.risk_published = false;
+                }
+            }
         }
     }
 
@@ -253,6 +278,15 @@ mod tests {
         // The first value beyond the learned range was novel (score 1, risk 1); the change
         // keeps that risk while it holds, although later values surprise less.
         assert_eq!(s.contributors[0].risk, 1.0, "{s:?}");
+        let labels =
+            vec![("layer".to_owned(), "0".to_owned()), ("signal".to_owned(), "kvf_ratio".to_owned())];
+        assert_eq!(e.live.gauge("anomaly_risk", &labels), Some(1.0));
+        // Back to the old level: the change is released and the risk withdrawn.
+        for i in 64..70 {
+            e.process(vec![kvf(t0 + i * 10_000, 1.2)]).unwrap();
+        }
+        e.tick(t0 + 700_000).unwrap();
+        assert_eq!(e.live.gauge("anomaly_risk", &labels), None);
     }
 
     #[test]

@@ -117,6 +117,7 @@ impl Engine {
                 }
                 self.live.remove_gauge(signal, &to_labels(labels));
                 self.live.remove_gauge(catalogue::ANOMALY_SCORE.name, &to_labels(&state.anomaly_labels));
+                self.live.remove_gauge(catalogue::ANOMALY_RISK.name, &to_labels(&state.anomaly_labels));
                 evicted += 1;
                 false
             });

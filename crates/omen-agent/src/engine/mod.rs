@@ -173,6 +173,7 @@ impl Engine {
         // Roll-ups first: the forecasts read the days they complete.
         self.roll_up_days(now_ms)?;
         let contributors = self.contributors(now_ms);
+        self.publish_risks(now_ms);
         let forecasts = self.forecasts(now_ms)?;
         // What the tick stores: the model's score, the health score, the forecasts.
         let mut out = Vec::new();
