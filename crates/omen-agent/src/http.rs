@@ -734,6 +734,7 @@ mod tests {
                 anomaly_score: 4.5,
                 value: 3.0,
             }],
+            reasons: vec![],
             forecasts: vec![],
             latency_model: None,
         });

@@ -51,6 +51,11 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     assert_eq!(kv["early_warning"], true, "{kv}");
     let ttft = forecasts.iter().find(|f| f["slo"] == "ttft_p99").unwrap();
     assert_eq!(ttft["early_warning"], false, "{ttft}");
+    // The level above ok says why: the kv_usage early warning, with its days to breach.
+    let reasons = health["reasons"].as_array().unwrap();
+    let early = reasons.iter().find(|r| r["kind"] == "early_warning" && r["slo"] == "kv_usage");
+    let early = early.unwrap_or_else(|| panic!("no kv_usage early warning among the reasons: {health}"));
+    assert_eq!(early["days_to_breach"], kv["days_to_breach"], "{early}");
 
     // the model change on day 11.5 shows in the stored health history as critical
     let (peak, r) = peak_health(&c, &base, "2026-11-12T11:00:00Z", "2026-11-12T14:00:00Z", "10m").await;

@@ -256,7 +256,15 @@ mod tests {
         assert!(s.health_score >= 0.8, "{s:?}");
         assert_eq!(s.level, Level::Critical);
         assert_eq!(s.contributors[0].signal, "kvf_ratio");
-        assert!(e.events().iter().any(|ev| ev.alert == "health" && ev.level == Level::Critical));
+        match &s.reasons[..] {
+            [super::super::Reason::Anomaly { signal, risk, .. }] => {
+                assert_eq!((signal.as_str(), *risk), ("kvf_ratio", s.health_score))
+            }
+            other => panic!("one anomaly reason expected: {other:?}"),
+        }
+        let event = e.events().iter().find(|ev| ev.alert == "health" && ev.level == Level::Critical).unwrap();
+        assert!(event.reason.starts_with("kvf_ratio{layer=0} changed: risk"), "{event:?}");
+        assert!(calm.reasons.is_empty());
     }
 
     #[test]

@@ -43,9 +43,9 @@ pub struct Contributor {
     pub signal: String,
     /// Series labels.
     pub labels: BTreeMap<String, String>,
-    /// Risk in [0, 1] from the debounced window score.
+    /// Risk in [0, 1] of its held change (`omen_anomaly_risk`).
     pub risk: f64,
-    /// Latest window anomaly score.
+    /// Latest anomaly score from `signals.detector`.
     pub anomaly_score: f64,
     /// Latest value.
     pub value: f64,
@@ -62,10 +62,66 @@ pub struct HealthSummary {
     pub level: Level,
     /// Series ranked by risk (the signals that moved).
     pub contributors: Vec<Contributor>,
+    /// Why the level is above ok, strongest first: each part of the health score at or
+    /// above the warning threshold (empty at level ok).
+    pub reasons: Vec<Reason>,
     /// Per-SLO forecasts.
     pub forecasts: Vec<SloForecast>,
     /// The coupled latency model over `explain.window` (None until its first fit).
     pub latency_model: Option<super::LatencyExplanation>,
+}
+
+/// One reason for a health level above ok.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// A series whose change holds, with its risk at or above the warning threshold.
+    Anomaly {
+        /// Signal name.
+        signal: String,
+        /// Series labels.
+        labels: BTreeMap<String, String>,
+        /// Risk in [0, 1].
+        risk: f64,
+        /// Latest anomaly score.
+        anomaly_score: f64,
+    },
+    /// An SLO forecast to breach within the early-warning lead.
+    EarlyWarning {
+        /// The SLO.
+        slo: String,
+        /// Forecast days until the breach.
+        days_to_breach: Option<f64>,
+        /// The SLO threshold.
+        threshold: f64,
+    },
+    /// The LSTM autoencoder's score (`omen_lstm_ae_score`).
+    Model {
+        /// Its severity in [0, 1].
+        score: f64,
+    },
+}
+
+impl Reason {
+    /// One line for logs and alert events.
+    pub fn describe(&self) -> String {
+        match self {
+            Reason::Anomaly { signal, labels, risk, anomaly_score } => {
+                let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!(
+                    "{signal}{{{}}} changed: risk {risk:.2}, anomaly score {anomaly_score:.3}",
+                    labels.join(",")
+                )
+            }
+            Reason::EarlyWarning { slo, days_to_breach: Some(d), threshold } => {
+                format!("SLO {slo} (threshold {threshold}) forecast to breach in {d:.1} days")
+            }
+            Reason::EarlyWarning { slo, days_to_breach: None, threshold } => {
+                format!("SLO {slo} (threshold {threshold}) forecast to breach within the lead")
+            }
+            Reason::Model { score } => format!("LSTM autoencoder score {score:.2}"),
+        }
+    }
 }
 
 /// A change of the health level or of an early warning, for reports.
@@ -77,7 +133,7 @@ pub struct AlertEvent {
     pub alert: String,
     /// New state.
     pub level: Level,
-    /// The top contributing signal or the SLO.
+    /// Why: the reasons of the new level, or that all is normal again.
     pub reason: String,
     /// For an early warning: the forecast days to breach when it changed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -99,6 +155,40 @@ impl Engine {
         health
     }
 
+    /// The parts of the health score at or above the warning threshold, strongest first
+    /// (an early warning counts as the warning threshold).
+    pub(super) fn reasons(&self, contributors: &[Contributor], forecasts: &[SloForecast]) -> Vec<Reason> {
+        let warning = self.cfg.health.warning;
+        let mut ranked: Vec<(f64, Reason)> = Vec::new();
+        for c in contributors.iter().filter(|c| c.risk >= warning) {
+            ranked.push((
+                c.risk,
+                Reason::Anomaly {
+                    signal: c.signal.clone(),
+                    labels: c.labels.clone(),
+                    risk: c.risk,
+                    anomaly_score: c.anomaly_score,
+                },
+            ));
+        }
+        for f in forecasts.iter().filter(|f| f.early_warning) {
+            let reason = Reason::EarlyWarning {
+                slo: f.slo.clone(),
+                days_to_breach: f.days_to_breach,
+                threshold: f.threshold,
+            };
+            ranked.push((warning, reason));
+        }
+        if let Some(score) =
+            self.live.gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new()).filter(|&s| s >= warning)
+        {
+            ranked.push((score, Reason::Model { score }));
+        }
+        // Stable: equal strengths keep anomalies, then forecasts (config order), then the model.
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+        ranked.into_iter().map(|(_, r)| r).collect()
+    }
+
     /// Publishes the health score as a gauge and adds it to the tick's samples.
     pub(super) fn publish_health(&self, now_ms: i64, health: f64, out: &mut Vec<Sample>) {
         out.push(Sample {
@@ -110,32 +200,22 @@ impl Engine {
         self.live.set_gauge(catalogue::HEALTH_SCORE.name, Vec::new(), health);
     }
 
-    /// Records an alert event when the level changed since the last tick, naming the top
-    /// contributor (or the early warning, or that all is normal again).
-    pub(super) fn track_level(
-        &mut self,
-        now_ms: i64,
-        level: Level,
-        contributors: &[Contributor],
-        forecasts: &[SloForecast],
-    ) {
+    /// Records an alert event when the level changed since the last tick, with its reasons
+    /// (or that all is normal again).
+    pub(super) fn track_level(&mut self, now_ms: i64, level: Level, reasons: &[Reason]) {
         if level == self.health_level {
             return;
         }
+        let reason = if reasons.is_empty() {
+            "all signals normal".to_owned()
+        } else {
+            reasons.iter().map(Reason::describe).collect::<Vec<_>>().join("; ")
+        };
         self.events.push(AlertEvent {
             ts_ms: now_ms,
             alert: "health".into(),
             level,
-            reason: contributors.first().map_or_else(
-                || {
-                    if forecasts.iter().any(|f| f.early_warning) {
-                        "forecast early warning".into()
-                    } else {
-                        "all signals normal".into()
-                    }
-                },
-                |c| format!("{} {:?} anomaly score {:.2}", c.signal, c.labels, c.anomaly_score),
-            ),
+            reason,
             days_to_breach: None,
         });
         self.health_level = level;

@@ -30,7 +30,7 @@ use omen_store::Store;
 
 pub use explain::{explain, LatencyAttribution, LatencyExplanation, LatencyModel};
 pub use forecast::{CombineSeries, DailyStatistic, IndicatorDefinition, SloForecast};
-pub use health::{AlertEvent, Contributor, HealthSummary, Level};
+pub use health::{AlertEvent, Contributor, HealthSummary, Level, Reason};
 pub use limits::SeriesLimitExceeded;
 
 use detection::SeriesMap;
@@ -181,9 +181,10 @@ impl Engine {
         self.score_model(now_ms, &mut out);
         let health = self.health_score(&contributors, &forecasts);
         let level = Level::of(health, &self.cfg.health);
+        let reasons = if level == Level::Ok { Vec::new() } else { self.reasons(&contributors, &forecasts) };
         self.publish_health(now_ms, health, &mut out);
         self.publish_forecasts(now_ms, &forecasts, &mut out);
-        self.track_level(now_ms, level, &contributors, &forecasts);
+        self.track_level(now_ms, level, &reasons);
         self.store.insert(&out)?;
         self.apply_retention(now_ms)?;
         self.evict_idle(now_ms);
@@ -193,6 +194,7 @@ impl Engine {
             health_score: health,
             level,
             contributors,
+            reasons,
             forecasts,
             latency_model: self.explanation.clone(),
         };
