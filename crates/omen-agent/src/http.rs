@@ -735,6 +735,7 @@ mod tests {
                 value: 3.0,
             }],
             reasons: vec![],
+            changes: vec![],
             forecasts: vec![],
             latency_model: None,
         });

@@ -124,6 +124,8 @@ pub struct LiveMetrics {
     pub series_rejected: Family<Vec<(String, String)>, Counter>,
     /// Series dropped after `limits.series_idle_timeout` without a sample.
     pub series_evicted: Counter,
+    /// Lasting level shifts found, by signal.
+    pub level_shifts: Family<Vec<(String, String)>, Counter>,
     /// Most gauge series held (see [`LiveMetrics::set_series_limit`]).
     series_limit: std::sync::atomic::AtomicUsize,
 }
@@ -156,6 +158,7 @@ impl LiveMetrics {
             rejected: Family::default(),
             series_rejected: Family::default(),
             series_evicted: Counter::default(),
+            level_shifts: Family::default(),
             series_limit: MAX_GAUGE_SERIES.into(),
         };
         m.set_gauge(
@@ -374,6 +377,11 @@ pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
         "series_evicted",
         "Series dropped from memory and /metrics after limits.series_idle_timeout without a sample",
         live.series_evicted.clone(),
+    );
+    registry.register(
+        "level_shifts",
+        "Lasting level shifts: changes of a series that held for signals.latch, by signal",
+        live.level_shifts.clone(),
     );
     registry.register_collector(Box::new(GaugeCollector(live)));
     registry

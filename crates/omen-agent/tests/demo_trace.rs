@@ -57,6 +57,15 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     let early = early.unwrap_or_else(|| panic!("no kv_usage early warning among the reasons: {health}"));
     assert_eq!(early["days_to_breach"], kv["days_to_breach"], "{early}");
 
+    // The model change on day 11.5 lasts: it is kept as a level shift of TLE or RCI.
+    let changes = health["changes"].as_array().unwrap();
+    let model_change = changes.iter().find(|c| {
+        let since = c["since_ms"].as_i64().unwrap();
+        ["tle_bits", "rci"].contains(&c["signal"].as_str().unwrap())
+            && (1_794_484_800_000..1_794_528_000_000).contains(&since) // 2026-11-12T12:00 to 2026-11-13T00:00
+    });
+    assert!(model_change.is_some(), "no lasting TLE/RCI shift after the model change: {changes:?}");
+
     // the model change on day 11.5 shows in the stored health history as critical
     let (peak, r) = peak_health(&c, &base, "2026-11-12T11:00:00Z", "2026-11-12T14:00:00Z", "10m").await;
     assert!(peak >= 0.8, "{r}");

@@ -126,6 +126,9 @@ signals! {
     /// Debounced risk of one series while a change holds.
     ANOMALY_RISK = "anomaly_risk", "", "omen.anomaly_risk", true, None,
         "Risk in (0,1] of a signal whose change has held for signals.persistence samples; present only while it holds";
+    /// A lasting level shift of one series, stored at its onset.
+    LEVEL_SHIFT = "level_shift", "", "omen.level_shift", true, None,
+        "A change that held for signals.latch: new mean minus old mean in old standard deviations, stored at the change's onset";
     /// LSTM autoencoder score.
     LSTM_AE_SCORE = "lstm_ae_score", "", "omen.lstm_ae_score", true, None,
         "LSTM autoencoder anomaly score, [0,1]";
@@ -229,9 +232,10 @@ pub fn find(name: &str) -> Option<&'static Signal> {
 
 /// The names of the signals omen derives itself (a test checks them against [`ALL`]); a
 /// short list, since the pipeline asks for every sample.
-pub const DERIVED: [&str; 6] = [
+pub const DERIVED: [&str; 7] = [
     ANOMALY_SCORE.name,
     ANOMALY_RISK.name,
+    LEVEL_SHIFT.name,
     LSTM_AE_SCORE.name,
     HEALTH_SCORE.name,
     FORECAST_TIME_TO_BREACH.name,

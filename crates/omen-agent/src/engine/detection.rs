@@ -9,7 +9,7 @@ use omen_signals::catalogue;
 use omen_sources::Sample;
 
 use super::ingest::Batch;
-use super::{to_labels, Contributor, Engine};
+use super::{to_labels, Contributor, Engine, LevelShift};
 use crate::config::SignalsConfig;
 use crate::detector::{Detection, SeriesDetector};
 use crate::metrics::{GaugeHandle, LiveMetrics};
@@ -24,6 +24,9 @@ const HOLD_SIGMAS: f64 = 3.0;
 /// How many contributors a health summary names.
 const MAX_CONTRIBUTORS: usize = 10;
 
+/// How many lasting shifts a health summary keeps.
+const MAX_CHANGES: usize = 20;
+
 /// A suspected change: where the series stood before it, and whether it held.
 #[derive(Debug, Clone, Copy)]
 struct Onset {
@@ -34,8 +37,9 @@ struct Onset {
     /// +1 above the old normal, -1 below.
     direction: f64,
     risk: f64,
-    /// Samples after the onset that stayed away from the old normal.
+    /// Samples after the onset that stayed away from the old normal, and their sum.
     held: usize,
+    held_sum: f64,
 }
 
 /// One scored series: its detector, its onset, its live gauges and its store ids.
@@ -118,7 +122,7 @@ impl Engine {
         batch.push(batch.keep(&mut state.last_raw_ms, s.ts_ms), state.store_id);
         // Values were validated as finite by every source; a failure here is a bug upstream.
         let detection = state.detector.push(s.ts_ms, s.value)?;
-        track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &detection);
+        let lasting = track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &detection);
         if let Some(score) = detection.score {
             state.last_score = score;
             match &state.anomaly_gauge {
@@ -139,6 +143,9 @@ impl Engine {
                 value: score,
             };
             batch.push_anomaly(anomaly, keep_score, state.anomaly_store_id, i);
+        }
+        if let Some(o) = lasting {
+            self.record_shift(&s.signal, &s.labels, s.ts_ms, o);
         }
         Ok(())
     }
@@ -200,17 +207,33 @@ impl Engine {
 /// surprise model learns the new level), so a change is judged against the window it
 /// broke away from: it opens when the detector's risk is above 0, counts once
 /// `persistence` samples in a row stay beyond 3 sigma of that old normal (a lone spike
-/// does not), and is released when values return or after `latch`.
-fn track_onset(state: &mut SeriesState, signals: &SignalsConfig, ts_ms: i64, x: f64, d: &Detection) {
+/// does not), and is released when values return or after `latch`. A change still away
+/// when `latch` runs out is a lasting shift: it is returned, and the new level is normal.
+fn track_onset(
+    state: &mut SeriesState,
+    signals: &SignalsConfig,
+    ts_ms: i64,
+    x: f64,
+    d: &Detection,
+) -> Option<Onset> {
+    let mut lasting = None;
     if let Some(o) = state.onset.as_mut() {
         let away = (x - o.mean) * o.direction > HOLD_SIGMAS * (o.std + omen_signals::STD_EPSILON);
         let expired = ts_ms - o.ts_ms > signals.latch.as_millis() as i64;
         if away && !expired {
             o.held += 1;
+            o.held_sum += x;
             o.risk = o.risk.max(d.risk);
-            return;
+            return None;
+        }
+        if away && o.held + 1 >= signals.persistence {
+            lasting = Some(*o);
         }
         state.onset = None;
+        if lasting.is_some() {
+            // The new level is the normal now; a later change opens against it.
+            return lasting;
+        }
     }
     if let (Some(w), true) = (d.window, d.risk > 0.0) {
         state.onset = Some(Onset {
@@ -220,7 +243,37 @@ fn track_onset(state: &mut SeriesState, signals: &SignalsConfig, ts_ms: i64, x: 
             direction: if x >= w.mean { 1.0 } else { -1.0 },
             risk: d.risk,
             held: 0,
+            held_sum: 0.0,
         });
+    }
+    lasting
+}
+
+impl Engine {
+    /// Keeps a lasting shift of a series: in /scores/latest (the last 20), the
+    /// `level_shifts` counter, and the `level_shift` series stored at its onset.
+    fn record_shift(&mut self, signal: &str, labels: &BTreeMap<String, String>, now_ms: i64, o: Onset) {
+        let after = if o.held > 0 { o.held_sum / o.held as f64 } else { o.mean };
+        let shift = LevelShift {
+            signal: signal.to_owned(),
+            labels: labels.clone(),
+            since_ms: o.ts_ms,
+            confirmed_ms: now_ms,
+            before: o.mean,
+            after,
+            shift_sigmas: (after - o.mean) / (o.std + omen_signals::STD_EPSILON),
+        };
+        self.live.level_shifts.get_or_create(&vec![("signal".to_owned(), signal.to_owned())]).inc();
+        let mut stored_labels = labels.clone();
+        stored_labels.insert("signal".into(), signal.to_owned());
+        self.pending_shifts.push(Sample {
+            ts_ms: o.ts_ms,
+            signal: catalogue::LEVEL_SHIFT.name.into(),
+            labels: stored_labels,
+            value: shift.shift_sigmas,
+        });
+        self.changes.push_front(shift);
+        self.changes.truncate(MAX_CHANGES);
     }
 }
 
@@ -295,6 +348,40 @@ mod tests {
         }
         e.tick(t0 + 700_000).unwrap();
         assert_eq!(e.live.gauge("anomaly_risk", &labels), None);
+    }
+
+    #[test]
+    fn a_change_that_outlasts_the_latch_is_kept_as_a_level_shift() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = "signals: {detector: window, window: 20, persistence: 3, latch: 10m}\n";
+        let mut e = engine(dir.path(), yaml);
+        let t0 = 1_793_577_600_000;
+        for i in 0..60 {
+            e.process(vec![kvf(t0 + i * 10_000, 1.2 + 0.01 * ((i * 7) % 5) as f64)]).unwrap();
+        }
+        // From sample 60 on, the series lives at 3.5: past the 10-minute latch it is a shift.
+        for i in 60..140 {
+            e.process(vec![kvf(t0 + i * 10_000, 3.5)]).unwrap();
+        }
+        let s = e.tick(t0 + 140 * 10_000).unwrap();
+        assert_eq!(s.level, Level::Ok, "the new level is normal: {s:?}");
+        let [shift] = &s.changes[..] else { panic!("one shift expected: {:?}", s.changes) };
+        assert_eq!((shift.signal.as_str(), shift.since_ms), ("kvf_ratio", t0 + 60 * 10_000));
+        assert!(shift.confirmed_ms > shift.since_ms + 600_000, "{shift:?}");
+        assert!((1.2..1.25).contains(&shift.before) && shift.after == 3.5, "{shift:?}");
+        assert!(shift.shift_sigmas > 50.0, "{shift:?}");
+        let counter =
+            e.live.level_shifts.get_or_create(&vec![("signal".to_owned(), "kvf_ratio".to_owned())]).get();
+        assert_eq!(counter, 1);
+        let all = Default::default();
+        let stored =
+            e.store.range("level_shift", &all, t0, t0 + 150 * 10_000, 10_000, omen_store::Resolution::Raw);
+        let stored = stored.unwrap();
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[0].points, [(shift.since_ms, shift.shift_sigmas)]);
+        assert_eq!(stored[0].labels.get("signal").map(String::as_str), Some("kvf_ratio"));
+        // It stays in the summary on later ticks.
+        assert_eq!(e.tick(t0 + 150 * 10_000).unwrap().changes.len(), 1);
     }
 
     #[test]

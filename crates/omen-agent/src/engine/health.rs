@@ -65,10 +65,32 @@ pub struct HealthSummary {
     /// Why the level is above ok, strongest first: each part of the health score at or
     /// above the warning threshold (empty at level ok).
     pub reasons: Vec<Reason>,
+    /// Lasting level shifts, newest first (the last 20): changes that held for
+    /// `signals.latch`, after which the new level counts as normal.
+    pub changes: Vec<LevelShift>,
     /// Per-SLO forecasts.
     pub forecasts: Vec<SloForecast>,
     /// The coupled latency model over `explain.window` (None until its first fit).
     pub latency_model: Option<super::LatencyExplanation>,
+}
+
+/// A change of a series that held for `signals.latch`: the series lives at a new level.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LevelShift {
+    /// Signal name.
+    pub signal: String,
+    /// Series labels.
+    pub labels: BTreeMap<String, String>,
+    /// Onset of the change, ms.
+    pub since_ms: i64,
+    /// When it had held for `signals.latch`, ms.
+    pub confirmed_ms: i64,
+    /// Mean of the window before the onset.
+    pub before: f64,
+    /// Mean of the values since the onset.
+    pub after: f64,
+    /// `after - before` in the old window's standard deviations.
+    pub shift_sigmas: f64,
 }
 
 /// One reason for a health level above ok.

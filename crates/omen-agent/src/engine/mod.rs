@@ -30,7 +30,7 @@ use omen_store::Store;
 
 pub use explain::{explain, LatencyAttribution, LatencyExplanation, LatencyModel};
 pub use forecast::{CombineSeries, DailyStatistic, IndicatorDefinition, SloForecast};
-pub use health::{AlertEvent, Contributor, HealthSummary, Level, Reason};
+pub use health::{AlertEvent, Contributor, HealthSummary, Level, LevelShift, Reason};
 pub use limits::SeriesLimitExceeded;
 
 use detection::SeriesMap;
@@ -55,6 +55,10 @@ pub struct Engine {
     /// Early warning per SLO at the last tick, for its transitions.
     warnings: HashMap<String, bool>,
     events: Vec<AlertEvent>,
+    /// Lasting level shifts, newest first (detection.rs).
+    changes: std::collections::VecDeque<LevelShift>,
+    /// Their `level_shift` samples, stored at the next tick.
+    pending_shifts: Vec<Sample>,
     /// The coupled latency model's last result, and when it was computed (explain.rs).
     explanation: Option<LatencyExplanation>,
     explained_at_ms: Option<i64>,
@@ -92,6 +96,8 @@ impl Engine {
             health_level: Level::Ok,
             warnings: HashMap::new(),
             events: Vec::new(),
+            changes: std::collections::VecDeque::new(),
+            pending_shifts: Vec::new(),
             #[cfg(feature = "lstm")]
             model: None,
             #[cfg(feature = "lstm")]
@@ -176,7 +182,7 @@ impl Engine {
         self.publish_risks(now_ms);
         let forecasts = self.forecasts(now_ms)?;
         // What the tick stores: the model's score, the health score, the forecasts.
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.pending_shifts);
         #[cfg(feature = "lstm")]
         self.score_model(now_ms, &mut out);
         let health = self.health_score(&contributors, &forecasts);
@@ -195,6 +201,7 @@ impl Engine {
             level,
             contributors,
             reasons,
+            changes: self.changes.iter().cloned().collect(),
             forecasts,
             latency_model: self.explanation.clone(),
         };
