@@ -3,6 +3,8 @@
 //! early detections, the cost-matrix profiles, the threshold sweep and the
 //! normalisation between the null and the perfect detector.
 
+pub mod skab;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
