@@ -255,6 +255,9 @@ enum Command {
         /// A NAB checkout (data/, labels/, config/, results/; plain or gzipped CSVs).
         #[arg(long, default_value = "data/nab")]
         nab: PathBuf,
+        /// A SKAB copy (data/<folder>/<n>.csv, published/<algorithm>/...; plain or gzipped).
+        #[arg(long, default_value = "data/skab")]
+        skab: PathBuf,
         /// Published detectors to re-score from results/ (comma-separated).
         #[arg(long, value_delimiter = ',', default_value = "ARTime,numenta,contextOSE,null")]
         published: Vec<String>,
@@ -454,6 +457,7 @@ fn stress(
 #[cfg(feature = "lab")]
 fn evaluate_detectors(
     dir: &std::path::Path,
+    skab_dir: &std::path::Path,
     published: &[String],
     json: Option<&std::path::Path>,
     no_progress: bool,
@@ -465,6 +469,13 @@ fn evaluate_detectors(
         format!(
             "cannot read NAB from {}; pass --nab with a NAB checkout (the repository has data/nab)",
             dir.display()
+        )
+    })?;
+    // SKAB first (a second): a wrong --skab fails before the NAB minute.
+    let (skab, skab_files) = detectors::skab_published(skab_dir).with_context(|| {
+        format!(
+            "cannot score SKAB from {}; pass --skab with a SKAB copy (the repository has data/skab)",
+            skab_dir.display()
         )
     })?;
     let mut dets: Vec<Detector> = published.iter().map(|p| Detector::Published(p.clone())).collect();
@@ -486,8 +497,12 @@ fn evaluate_detectors(
     })?;
     bar.finish_and_clear();
     print!("{}", detectors::table(&scores, Some(&loco), data.files.len()));
+    print!("{}", detectors::skab_table(&skab, skab_files));
     if let Some(path) = json {
-        let body = serde_json::json!({ "nab": dir, "files": data.files.len(), "detectors": scores, "leave_one_category_out": loco });
+        let body = serde_json::json!({
+            "nab": dir, "files": data.files.len(), "detectors": scores, "leave_one_category_out": loco,
+            "skab": { "dir": skab_dir, "files": skab_files, "detectors": skab },
+        });
         let text = serde_json::to_string_pretty(&body).context("cannot serialise the results")?;
         std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -628,8 +643,8 @@ fn main() -> ExitCode {
             explain(&options, json.as_deref(), svg.as_deref())
         }
         #[cfg(feature = "lab")]
-        Command::EvaluateDetectors { nab, published, json, no_progress } => {
-            evaluate_detectors(&nab, &published, json.as_deref(), no_progress)
+        Command::EvaluateDetectors { nab, skab, published, json, no_progress } => {
+            evaluate_detectors(&nab, &skab, &published, json.as_deref(), no_progress)
         }
         #[cfg(feature = "lab")]
         Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs } => {

@@ -449,6 +449,57 @@ pub fn table(scores: &[DetectorScore], loco: Option<&LeaveOneOut>, files: usize)
     s
 }
 
+/// One SKAB row: a published leaderboard detector's predictions scored by the port.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkabRow {
+    /// The algorithm, as its folder under `published/` names it.
+    pub algorithm: String,
+    /// Its figures on the files, rounded as SKAB prints them.
+    pub scores: omen_nab::skab::SkabScores,
+}
+
+/// Scores every published SKAB detector under `dir/published` on the anomaly files of
+/// `dir/data` with SKAB's protocol (60 s changepoint windows); returns the rows and the
+/// number of files.
+pub fn skab_published(dir: &Path) -> Result<(Vec<SkabRow>, usize), omen_nab::skab::SkabError> {
+    use omen_nab::skab;
+    let rels = skab::data_files(dir)?;
+    let files: Vec<_> = rels.iter().map(|r| skab::read_file(dir, r)).collect::<Result<_, _>>()?;
+    let published = dir.join("published");
+    let mut algorithms: Vec<String> = std::fs::read_dir(&published)
+        .map_err(|e| skab::SkabError::Io { path: published.display().to_string(), source: e })?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    algorithms.sort();
+    let mut rows = Vec::new();
+    for algorithm in algorithms {
+        let predictions: Vec<_> =
+            files.iter().map(|f| skab::read_prediction(dir, &algorithm, f)).collect::<Result<_, _>>()?;
+        let scores = skab::score(&files, &predictions, 60)?.rounded();
+        rows.push(SkabRow { algorithm, scores });
+    }
+    rows.sort_by(|a, b| b.scores.f1.total_cmp(&a.scores.f1));
+    Ok((rows, files.len()))
+}
+
+/// The SKAB rows as a Markdown table.
+pub fn skab_table(rows: &[SkabRow], files: usize) -> String {
+    let mut out = format!(
+        "\nSKAB, {files} files (published leaderboard predictions, scored by omen's port of SKAB's scorer):\n\n\
+         | algorithm | F1 | FAR % | MAR % | NAB standard | NAB LowFP | NAB LowFN |\n|---|---|---|---|---|---|---|\n"
+    );
+    for r in rows {
+        let s = &r.scores;
+        out.push_str(&format!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+            r.algorithm, s.f1, s.far_pct, s.mar_pct, s.nab_standard, s.nab_low_fp, s.nab_low_fn
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,6 +541,17 @@ mod tests {
         let window = SignalsConfig { detector: DetectorKind::Window, window: 16, ..SignalsConfig::default() };
         let t = table(&evaluate(&d, &[Detector::Agent(Box::new(window))], |_, _| {}).unwrap(), Some(&l), 51);
         assert!(t.contains("all, left out") && t.contains("omen window (w=16)"), "{t}");
+    }
+
+    #[test]
+    fn skab_rows_are_the_published_detectors_ranked_by_f1() {
+        let (rows, files) = skab_published(&omen_nab::skab::data_dir()).unwrap();
+        assert_eq!((rows.len(), files), (10, 30));
+        assert!(rows.windows(2).all(|w| w[0].scores.f1 >= w[1].scores.f1));
+        let t = skab_table(&rows, files);
+        assert!(t.contains("| Conv_AE | 0.79 | 13.09 | 27.86 | 24.86 | 22.81 | 28.88 |"), "{t}");
+        let e = skab_published(Path::new("/nonexistent/skab")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/skab"), "{e}");
     }
 
     #[test]
