@@ -204,10 +204,12 @@ impl Default for SignalsConfig {
 #[serde(rename_all = "snake_case")]
 pub enum DetectorKind {
     /// Range novelty, else the larger of two context surprises (one by time of day):
-    /// the detector that scores best on NAB (docs/nab.md).
-    #[default]
+    /// omen's best detector on NAB (docs/nab.md). Its context tables grow with the
+    /// distinct contexts a series shows (not bounded yet), so it is opt-in.
     NoveltySurprise,
-    /// The window score: distance of a value from its window's mean in window sigmas.
+    /// The window score: distance of a value from its window's mean in window sigmas;
+    /// O(window) memory per series.
+    #[default]
     Window,
 }
 
@@ -698,11 +700,10 @@ fn validate_signals(s: &SignalsConfig, p: &mut Problems) {
     if !(n.range_pad.is_finite() && n.range_pad >= 0.0) {
         p.bad("signals.novelty_surprise.range_pad", "must be a fraction >= 0 (default 0.2)");
     }
-    if !((0.0..=1.0).contains(&n.risk_normal) && n.risk_full > n.risk_normal && n.risk_full <= 1.0) {
-        p.bad(
-            "signals.novelty_surprise.risk_full",
-            "needs 0 <= risk_normal < risk_full <= 1 (defaults 0.99 and 1.0)",
-        );
+    if !(0.0..1.0).contains(&n.risk_normal) {
+        p.bad("signals.novelty_surprise.risk_normal", "must be in [0, 1) (default 0.99)");
+    } else if !(n.risk_full > n.risk_normal && n.risk_full <= 1.0) {
+        p.bad("signals.novelty_surprise.risk_full", "must be above risk_normal and at most 1 (default 1.0)");
     }
     if let Err(e) = omen_signals::LearningNoveltySurprise::new(1, 0.0, n.detector_config()) {
         p.bad("signals.novelty_surprise", e.to_string());
@@ -952,7 +953,7 @@ mod tests {
             [
                 "signals.novelty_surprise.learning_samples",
                 "signals.novelty_surprise.range_pad",
-                "signals.novelty_surprise.risk_full",
+                "signals.novelty_surprise.risk_normal",
                 "signals.novelty_surprise"
             ]
         );

@@ -1,6 +1,6 @@
 //! The per-series detector the pipeline runs on every live sample (`signals.detector`).
-//! The NAB evaluation (`omen evaluate-detectors`) scores this same object, so the figure
-//! in docs/nab.md is the agent's.
+//! The NAB evaluation (`omen evaluate-detectors`) scores this same object's score stream
+//! at NAB's swept threshold; the agent maps scores to risk with the configured bounds.
 
 use omen_signals::{day_fraction_utc, LearningNoveltySurprise, SignalError, WindowAnomaly, WindowScore};
 

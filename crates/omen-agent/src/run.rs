@@ -123,8 +123,9 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     let worker = start_worker(&cfg)?;
     let semantic = semantic::load(&cfg, worker.as_ref()).await?;
     let live = Arc::new(LiveMetrics::new());
-    // Every admitted series, its anomaly score, and room for the engine's own gauges.
-    live.set_series_limit(2 * cfg.limits.max_series + 1024);
+    // Every admitted series, its anomaly score and (while a change holds) its risk, and
+    // room for the engine's own gauges.
+    live.set_series_limit(3 * cfg.limits.max_series + 1024);
     let registry = Arc::new(metrics::registry(live.clone()));
     // Before any source starts, so that the OTLP histograms see every latency.
     let otlp = match &cfg.otlp {

@@ -250,7 +250,7 @@ enum Command {
     /// Score omen's detectors and the published ones on NAB with NAB's own scoring, per
     /// profile and category, and omen's tunable detector leave-one-category-out.
     #[command(after_help = "Example: omen evaluate-detectors --nab data/nab --json detectors.json\n\
-        (about a minute on 2 cores; the Markdown tables go to stdout)")]
+        (about 20 s on 2 cores in a release build; the Markdown tables go to stdout)")]
     EvaluateDetectors {
         /// A NAB checkout (data/, labels/, config/, results/; plain or gzipped CSVs).
         #[arg(long, default_value = "data/nab")]

@@ -1,4 +1,4 @@
-//! `omen lab detectors`: the NAB table from the shipped code. Every detector is scored by
+//! `omen evaluate-detectors`: the NAB table from the shipped code. Every detector is scored by
 //! omen-nab's port of NAB's scorer on the same files with the same threshold sweep:
 //! the published detectors from their result files, omen's own from their score streams.
 //! omen's tunable detector is also judged leave-one-category-out: its parameters and
@@ -101,7 +101,7 @@ impl Detector {
                 DetectorKind::NoveltySurprise => {
                     let n = &c.novelty_surprise;
                     if n.detector_config() == NoveltySurpriseConfig::default() {
-                        "omen novelty_surprise (agent default)".into()
+                        "omen novelty_surprise (default parameters)".into()
                     } else {
                         format!(
                             "omen novelty_surprise (bins {}, order {}, refractory {})",
@@ -536,8 +536,6 @@ mod tests {
         let l = leave_one_category_out(&d, &grid, "standard", |_, _| {}).unwrap();
         assert_eq!(l.categories.len(), 6);
         assert!(l.normalised.is_finite() && l.tuned_on_all.is_finite());
-        // Choosing on the whole corpus is never worse on it than choosing elsewhere.
-        assert!(l.tuned_on_all >= l.normalised - 1e-9, "{l:?}");
         let window = SignalsConfig { detector: DetectorKind::Window, window: 16, ..SignalsConfig::default() };
         let t = table(&evaluate(&d, &[Detector::Agent(Box::new(window))], |_, _| {}).unwrap(), Some(&l), 51);
         assert!(t.contains("all, left out") && t.contains("omen window (w=16)"), "{t}");

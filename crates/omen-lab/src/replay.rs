@@ -166,7 +166,7 @@ fn plot(report: &ReplayReport, store: &Store, path: &Path) -> Result<()> {
     peaks.truncate(5);
     let y_max = peaks.first().map_or(1.0, |p| p.0).max(1.0) * 1.05;
     let mut chart = ChartBuilder::on(&bottom)
-        .caption("window anomaly scores (top 5 series by peak)", ("sans-serif", 18))
+        .caption("anomaly scores (top 5 series by peak)", ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(30)
         .y_label_area_size(50)

@@ -29,11 +29,11 @@ fn a_replayed_nab_file_stores_the_scores_the_evaluation_scores() {
     out.flush().unwrap();
     drop(out);
 
-    // The shipped detector defaults; NAB's probation is the learning period, raw samples
+    // The NoveltySurprise detector with its shipped parameters; NAB's probation is the learning period, raw samples
     // are all kept, and the trace's 14 days stay within raw retention (30 days).
     let yaml = format!(
         "store: {{raw_retention_days: 30, raw_min_interval: 0s}}\n\
-         signals: {{novelty_surprise: {{learning_samples: {learning}}}}}\n"
+         signals: {{detector: novelty_surprise, novelty_surprise: {{learning_samples: {learning}}}}}\n"
     );
     let cfg = Config::from_yaml(&yaml).unwrap();
     let signals = cfg.signals.clone();

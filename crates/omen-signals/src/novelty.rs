@@ -269,7 +269,7 @@ impl LearningNoveltySurprise {
         }
         // Check the parameters now rather than when the learning rows are in.
         NoveltySurprise::new(0.0, 1.0, 0, config)?;
-        Ok(Self { learning, pad, config, buffer: Vec::with_capacity(learning.min(4096)), detector: None })
+        Ok(Self { learning, pad, config, buffer: Vec::new(), detector: None })
     }
 
     /// Adds a value seen at `day_fraction` of its day; `None` while learning, then its

@@ -373,7 +373,7 @@ impl CanaryTarget {
             return Ok(v);
         }
         let url = self.endpoint("models");
-        let response = crate::http::send_retrying_stale(self.request(client.get(&url)))
+        let (response, _) = crate::http::send_retrying_stale(self.request(client.get(&url)))
             .await
             .map_err(|e| transport_error(&url, self.timeout, e))?;
         let response = check_status(&url, response).await?;
@@ -754,9 +754,8 @@ pub async fn probe(
     let url = target.endpoint(if canary.chat { "chat/completions" } else { "completions" });
     let body = request_body(target, canary);
 
-    // A stale-connection retry counts towards TTFT; it fails within one round trip.
-    let started = Instant::now();
-    let response = crate::http::send_retrying_stale(target.request(client.post(&url).json(&body)))
+    // Timed from the attempt that answered: a retry after a stale connection is not latency.
+    let (response, started) = crate::http::send_retrying_stale(target.request(client.post(&url).json(&body)))
         .await
         .map_err(|e| transport_error(&url, target.timeout, e))?;
     let response = check_status(&url, response).await?;

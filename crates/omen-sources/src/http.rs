@@ -2,6 +2,11 @@
 
 use std::error::Error as StdError;
 use std::io::ErrorKind;
+use std::time::{Duration, Instant};
+
+/// A stale pooled connection fails at once; a connection the server dropped later (a crash
+/// mid-request) is a real failure and is not retried.
+const STALE_WITHIN: Duration = Duration::from_secs(1);
 
 /// Sends `request`, and sends it once more on a fresh connection when the first
 /// attempt died because the server closed a pooled keep-alive connection.
@@ -10,18 +15,24 @@ use std::io::ErrorKind;
 /// connection just as the client writes the next request on it; hyper then
 /// reports "connection closed before message completed" and no response was
 /// started. That failure says nothing about the server's health, so a probe or
-/// scrape that reported it would raise a false alarm. Any other error, a status
-/// code, and a second failure are returned as they are. Requests whose body
-/// cannot be cloned (streams) are sent once.
+/// scrape that reported it would raise a false alarm. Only a failure within
+/// `STALE_WITHIN` of sending is retried; any other error, a status code, and a second
+/// failure are returned as they are. Requests whose body cannot be cloned (streams)
+/// are sent once. Returns the response and when the attempt that got it was sent, so
+/// latencies exclude the stale attempt.
 pub async fn send_retrying_stale(
     request: reqwest::RequestBuilder,
-) -> Result<reqwest::Response, reqwest::Error> {
+) -> Result<(reqwest::Response, Instant), reqwest::Error> {
+    let started = Instant::now();
     let Some(again) = request.try_clone() else {
-        return request.send().await;
+        return request.send().await.map(|r| (r, started));
     };
     match request.send().await {
-        Err(e) if is_stale_connection(&e) => again.send().await,
-        other => other,
+        Err(e) if is_stale_connection(&e) && started.elapsed() < STALE_WITHIN => {
+            let retried = Instant::now();
+            again.send().await.map(|r| (r, retried))
+        }
+        other => other.map(|r| (r, started)),
     }
 }
 
@@ -55,6 +66,11 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    /// A test that goes wrong fails on the timeout instead of hanging.
+    fn client() -> reqwest::Client {
+        reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
+    }
 
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok";
 
@@ -97,7 +113,7 @@ mod tests {
     #[tokio::test]
     async fn plain_send_fails_on_a_closed_keep_alive_connection() {
         let (url, _server) = server_that_drops_second_request().await;
-        let client = reqwest::Client::new();
+        let client = client();
         assert_eq!(client.get(&url).send().await.unwrap().text().await.unwrap(), "ok");
         let e = client.get(&url).send().await.unwrap_err();
         assert!(is_stale_connection(&e), "{e:?}");
@@ -106,9 +122,12 @@ mod tests {
     #[tokio::test]
     async fn retry_sends_once_more_on_a_fresh_connection() {
         let (url, server) = server_that_drops_second_request().await;
-        let client = reqwest::Client::new();
-        assert_eq!(send_retrying_stale(client.get(&url)).await.unwrap().text().await.unwrap(), "ok");
-        let second = send_retrying_stale(client.get(&url)).await.expect("retried on a new connection");
+        let client = client();
+        assert_eq!(send_retrying_stale(client.get(&url)).await.unwrap().0.text().await.unwrap(), "ok");
+        let before = Instant::now();
+        let (second, sent) =
+            send_retrying_stale(client.get(&url)).await.expect("retried on a new connection");
+        assert!(sent >= before);
         assert_eq!(second.text().await.unwrap(), "ok");
         server.await.expect("the server saw the dropped request and the retry");
     }
@@ -118,7 +137,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/", listener.local_addr().unwrap());
         drop(listener);
-        let e = send_retrying_stale(reqwest::Client::new().get(&url)).await.unwrap_err();
+        let e = send_retrying_stale(client().get(&url)).await.unwrap_err();
         assert!(e.is_connect() && !is_stale_connection(&e), "{e:?}");
     }
 }

@@ -485,7 +485,7 @@ impl Scraper {
         };
         let request =
             client.get(url).header(reqwest::header::ACCEPT, "text/plain;version=0.0.4").timeout(self.timeout);
-        let response = crate::http::send_retrying_stale(request).await.map_err(transport)?;
+        let (response, _) = crate::http::send_retrying_stale(request).await.map_err(transport)?;
         let status = response.status();
         if !status.is_success() {
             let hint = match status.as_u16() {

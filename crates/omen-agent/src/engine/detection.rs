@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn novelty_surprise_flags_a_lasting_shift_after_learning() {
         let dir = tempfile::tempdir().unwrap();
-        let yaml = "signals: {window: 20, persistence: 3, novelty_surprise: {learning_samples: 40, refractory: 10}}\n";
+        let yaml = "signals: {detector: novelty_surprise, window: 20, persistence: 3, novelty_surprise: {learning_samples: 40, refractory: 10}}\n";
         let mut e = engine(dir.path(), yaml);
         let t0 = 1_793_577_600_000;
         for i in 0..60 {
