@@ -94,6 +94,14 @@ impl SeriesState {
     pub(super) fn is_fresh(&self, now_ms: i64) -> bool {
         now_ms - self.last_ts <= STALE_MS
     }
+
+    /// Risk of the series: that of its onset once the change has held for `persistence` samples.
+    fn held_risk(&self, persistence: usize) -> f64 {
+        match self.onset {
+            Some(o) if o.held + 1 >= persistence => o.risk,
+            _ => 0.0,
+        }
+    }
 }
 
 impl Engine {
@@ -150,30 +158,19 @@ impl Engine {
         Ok(())
     }
 
-    /// Risk of a series: that of its onset once the change has held for `persistence` samples.
-    fn risk_of(&self, state: &SeriesState) -> f64 {
-        match state.onset {
-            Some(o) if o.held + 1 >= self.cfg.signals.persistence => o.risk,
-            _ => 0.0,
-        }
-    }
-
     /// Exports the risk of every fresh series whose change holds as `anomaly_risk`, and
     /// withdraws it once the change is released, so an alert rule can name the signal.
     pub(super) fn publish_risks(&mut self, now_ms: i64) {
         let persistence = self.cfg.signals.persistence;
         for family in self.series.values_mut() {
             for state in family.values_mut() {
-                let risk = match state.onset {
-                    Some(o) if o.held + 1 >= persistence && state.is_fresh(now_ms) => o.risk,
-                    _ => 0.0,
-                };
-                let labels = to_labels(&state.anomaly_labels);
+                let risk = if state.is_fresh(now_ms) { state.held_risk(persistence) } else { 0.0 };
+                // Labels are built only for the few series at risk or just released.
                 if risk > 0.0 {
-                    self.live.set_gauge(catalogue::ANOMALY_RISK.name, labels, risk);
+                    self.live.set_gauge(catalogue::ANOMALY_RISK.name, to_labels(&state.anomaly_labels), risk);
                     state.risk_published = true;
                 } else if state.risk_published {
-                    self.live.remove_gauge(catalogue::ANOMALY_RISK.name, &labels);
+                    self.live.remove_gauge(catalogue::ANOMALY_RISK.name, &to_labels(&state.anomaly_labels));
                     state.risk_published = false;
                 }
             }
@@ -191,7 +188,7 @@ impl Engine {
             .map(|(signal, labels, st)| Contributor {
                 signal: signal.clone(),
                 labels: labels.clone(),
-                risk: self.risk_of(st),
+                risk: st.held_risk(self.cfg.signals.persistence),
                 anomaly_score: st.last_score,
                 value: st.last_value,
             })
@@ -321,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn novelty_surprise_flags_a_lasting_shift_after_learning() {
+    fn novelty_surprise_flags_a_held_change_after_learning_and_withdraws_its_risk() {
         let dir = tempfile::tempdir().unwrap();
         let yaml = "signals: {detector: novelty_surprise, window: 20, persistence: 3, novelty_surprise: {learning_samples: 40, refractory: 10}}\n";
         let mut e = engine(dir.path(), yaml);
