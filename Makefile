@@ -118,11 +118,14 @@ lint: setup-rust setup-torch
 fmt:
 	$(CARGO) fmt --all
 
-## bench: criterion benchmarks of every crate, the agent's cost (bench-agent.sh) and a 5-minute soak at 10x that load
+## bench: criterion benchmarks of every crate, the agent's cost twice (bench-agent.sh; do the two runs' ratios agree?), the lean build, how cost grows with series and history (bench-grow.sh), and a 5-minute soak at 10x the load
 bench: setup-rust setup-apt setup-torch
 	$(CARGO) bench --workspace
-	bash scripts/bench-agent.sh
+	BENCH_OUT=target/bench-agent-run1.json bash scripts/bench-agent.sh
+	BENCH_NO_BUILD=1 BENCH_OUT=target/bench-agent-run2.json bash scripts/bench-agent.sh
+	python3 scripts/bench-agree.py target/bench-agent-run1.json target/bench-agent-run2.json
 	BENCH_LEAN=1 bash scripts/bench-agent.sh
+	BENCH_NO_BUILD=1 bash scripts/bench-grow.sh
 	SOAK_SECONDS=300 BENCH_NO_BUILD=1 bash scripts/bench-scale.sh soak
 
 ## deploy-monitoring: regenerate deploy/base's PrometheusRule and Grafana dashboards ConfigMap from alerting-rules/ and dashboards/

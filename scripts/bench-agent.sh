@@ -3,6 +3,16 @@
 # (8 GPUs x 80 layers of KV bitmaps + 4 canaries, once a second), then /scores p99
 # under 200 concurrent clients (wrk) while that load keeps running.
 #
+# Every figure is also given as a ratio to a reference measured in the same run on the
+# same machine, so that it carries from one machine to another:
+#   - each query is repeated against omen-static-serve, which serves the agent's own answer
+#     (same bytes, same encoding) through the same HTTP stack with no work behind it:
+#     throughput ratio (target >= 0.5) and p99 ratio (target <= 2);
+#   - agent CPU per pushed sample and per pushed KV block map (omen_samples_ingested_total
+#     over the steady window), beside the cost of merely parsing the same payloads with the
+#     agent's parser (omen-push-load --parse-only);
+#   - RSS per live series (omen_series): what the series added over the idle agent.
+#
 #   bash scripts/bench-agent.sh            # 60 s of push load, 2 x 15 s of wrk
 #
 # Environment: BENCH_SECONDS (push phase, default 60), BENCH_BACKFILL (seconds of
@@ -13,7 +23,9 @@
 # BENCH_BLOCKS / BENCH_CANARIES (push shape, default 8/80/4096/4), BENCH_OUT (JSON
 # summary, default target/bench-agent.json), CARGO_TARGET_DIR (where the release
 # build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built),
-# BENCH_LEAN=1 (the lean sidecar: built with --no-default-features, without model
+# BENCH_HEALTH_INTERVAL (the agent's health.interval, e.g. 5s, so that a short steady window
+# holds enough ticks to time; default: the agent's default, 1m), BENCH_STORE (a store file, e.g. from `omen fill-history`, copied and used as the agent's
+# store so that it starts with that history; default: a new store), BENCH_LEAN=1 (the lean sidecar: built with --no-default-features, without model
 # support, into target/lean unless CARGO_TARGET_DIR says otherwise). Neither build of
 # `omen` links libtorch: the models run in the omen-worker process, started only when
 # a model is configured, and the bench configures none ("without the model").
@@ -71,17 +83,29 @@ CLK_TCK=$(getconf CLK_TCK)
 if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then
     log "building (release): omen + omen-push-load"
     CARGO_TARGET_DIR=$TARGET_DIR cargo build --release "${BUILD_ARGS[@]}" -p omen-cli --bin omen >&2
-    CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p omen-bench --bin omen-push-load >&2
+    CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p omen-bench --bin omen-push-load --bin omen-static-serve >&2
 fi
 OMEN=$TARGET_DIR/release/omen
 PUSH=$TARGET_DIR/release/omen-push-load
-[[ -x $OMEN && -x $PUSH ]] || die "missing $OMEN or $PUSH (build failed?)"
+STATIC=$TARGET_DIR/release/omen-static-serve
+[[ -x $OMEN && -x $PUSH && -x $STATIC ]] || die "missing $OMEN, $PUSH or $STATIC (build failed?)"
 
 # ---------------------------------------------------------------- process bookkeeping
 # TMP, PIDS (stopped on exit), free_port, cpu_ticks, status_kb, now_s.
 NAME=bench-agent
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
+
+# ---------------------------------------------------------------- parse cost
+# The agent's parser alone on 30 rounds of the same payloads (no HTTP, no pipeline).
+"$PUSH" --parse-only --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
+    --seconds 30 >"$TMP/parse.json" 2>"$TMP/parse.log" || { cat "$TMP/parse.log" >&2; die "omen-push-load --parse-only failed"; }
+log "parse cost: $(cat "$TMP/parse.json")"
+
+# metric NAME: the sum of a metric's samples in the agent's /metrics (0 when absent).
+metric() {
+    curl -fsS "$URL/metrics" | awk -v n="$1" '$1 == n || index($1, n "{") == 1 {s += $NF} END {printf "%.9g\n", s + 0}'
+}
 
 # ---------------------------------------------------------------- agent
 PORT=$(free_port)
@@ -95,6 +119,17 @@ sources:
   nvml:
     enabled: false
 EOF
+if [[ -n ${BENCH_HEALTH_INTERVAL:-} ]]; then
+    printf 'health:\n  interval: %s\n' "$BENCH_HEALTH_INTERVAL" >>"$TMP/omen.yaml"
+fi
+mkdir -p "$TMP/store"
+if [[ -n ${BENCH_STORE:-} ]]; then
+    [[ -f $BENCH_STORE ]] || die "BENCH_STORE=$BENCH_STORE is not a file: give a store written by omen run or omen fill-history"
+    for suffix in "" -wal -shm; do
+        [[ -f $BENCH_STORE$suffix ]] && cp "$BENCH_STORE$suffix" "$TMP/store/omen.db$suffix"
+    done
+    log "the agent starts on a copy of $BENCH_STORE ($(du -sh "$TMP/store" | cut -f1))"
+fi
 log "starting the agent on $URL (store in $TMP/store)"
 RUST_LOG=${RUST_LOG:-warn} "$OMEN" run --config "$TMP/omen.yaml" >"$TMP/omen.log" 2>&1 &
 AGENT=$!
@@ -130,7 +165,7 @@ fi
 
 # ---------------------------------------------------------------- push phase
 # One pusher runs the push phase and the wrk phase, so /scores is measured under load.
-PUSH_TOTAL=$(( SECONDS_PUSH + 2 * (WRK_SECONDS + 3) + 2 * (WRK1_SECONDS + 2) + 8 ))
+PUSH_TOTAL=$(( SECONDS_PUSH + 6 * (WRK_SECONDS + 2) + 2 * (WRK1_SECONDS + 2) + 8 ))
 log "push load: ${GPUS} GPUs x ${LAYERS} layers x ${BLOCKS} blocks, ${CANARIES} canaries, 1 Hz, ${PUSH_TOTAL} s in all"
 "$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
     --seconds "$PUSH_TOTAL" --rate 1 >"$TMP/push.log" 2>&1 &
@@ -139,7 +174,8 @@ PIDS+=("$PUSHER")
 
 sleep "$WARMUP"
 kill -0 "$PUSHER" 2>/dev/null || { cat "$TMP/push.log" >&2; die "push_load exited early"; }
-T0=$(now_s); C0=$(cpu_ticks "$AGENT")
+T0=$(now_s); C0=$(cpu_ticks "$AGENT"); N0=$(cpu_ns "$AGENT")
+S0=$(metric omen_samples_ingested_total); K0=$(metric omen_tick_duration_seconds_count); KS0=$(metric omen_tick_duration_seconds_sum)
 PEAK_RSS_KB=0
 RSS_SUM=0; RSS_N=0
 for _ in $(seq $(( SECONDS_PUSH - WARMUP ))); do
@@ -149,7 +185,9 @@ for _ in $(seq $(( SECONDS_PUSH - WARMUP ))); do
     (( r > PEAK_RSS_KB )) && PEAK_RSS_KB=$r
     RSS_SUM=$(( RSS_SUM + r )); RSS_N=$(( RSS_N + 1 ))
 done
-T1=$(now_s); C1=$(cpu_ticks "$AGENT")
+T1=$(now_s); C1=$(cpu_ticks "$AGENT"); N1=$(cpu_ns "$AGENT")
+S1=$(metric omen_samples_ingested_total); K1=$(metric omen_tick_duration_seconds_count); KS1=$(metric omen_tick_duration_seconds_sum)
+SERIES=$(metric omen_series)
 END_RSS_KB=$(status_kb "$AGENT" VmRSS)
 HWM_PUSH_KB=$(status_kb "$AGENT" VmHWM)
 STEADY_S=$(python3 -c "print($T1 - $T0)")
@@ -167,16 +205,20 @@ wrk_pct() { # $1 = percentile label (50%, 99%) ; wrk --latency output on stdin -
 wrk_field() { # $1 = awk pattern on wrk output -> field $2
     awk -v pat="$1" -v f="$2" '$0 ~ pat {print $f; exit}'
 }
-run_wrk() { # $1 = name, $2 = path, [$3 = connections, $4 = threads, $5 = seconds, $6 = Accept-Encoding]
+# run_wrk NAME PATH [CONNS THREADS SECONDS ACCEPT-ENCODING]: wrk against the agent, or
+# against the reference server when REF_URL/REF_PID are set (the CPU column is then the reference's).
+run_wrk() {
     local name=$1 path=$2 out=$TMP/wrk-$1.txt
     local conns=${3:-$WRK_CONNS} threads=${4:-$WRK_THREADS} secs=${5:-$WRK_SECONDS} encoding=${6:-identity}
-    curl -fsS -H "Accept-Encoding: $encoding" -o "$TMP/probe-$name.json" "$URL$path" || die "GET $path is not 200 before wrk: $(cat "$TMP/probe-$name.json" 2>/dev/null)"
-    log "wrk -t$threads -c$conns -d${secs}s --latency -H 'Accept-Encoding: $encoding' $URL$path"
+    local base=${REF_URL:-$URL} pid=${REF_PID:-$AGENT}
+    sleep 1 # the previous run's connections close
+    curl -fsS -H "Accept-Encoding: $encoding" -o "$TMP/probe-$name.json" "$base$path" || die "GET $base$path is not 200 before wrk: $(cat "$TMP/probe-$name.json" 2>/dev/null)"
+    log "wrk -t$threads -c$conns -d${secs}s --latency -H 'Accept-Encoding: $encoding' $base$path"
     local c0 c1 t0 t1
-    t0=$(now_s); c0=$(cpu_ticks "$AGENT")
-    timeout $(( secs + 30 )) wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency -H "Accept-Encoding: $encoding" "$URL$path" >"$out" 2>&1 \
-        || { cat "$out" >&2; die "wrk failed on $path"; }
-    t1=$(now_s); c1=$(cpu_ticks "$AGENT")
+    t0=$(now_s); c0=$(cpu_ticks "$pid")
+    timeout $(( secs + 30 )) wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency -H "Accept-Encoding: $encoding" "$base$path" >"$out" 2>&1 \
+        || { cat "$out" >&2; die "wrk failed on $base$path"; }
+    t1=$(now_s); c1=$(cpu_ticks "$pid")
     cat "$out" >&2
     local p99 p50 p90 rps non2xx errs bytes
     p50=$(wrk_pct 50% <"$out")
@@ -192,16 +234,44 @@ run_wrk() { # $1 = name, $2 = path, [$3 = connections, $4 = threads, $5 = second
     printf '{"path": "%s", "accept_encoding": "%s", "connections": %s, "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
         "$path" "$encoding" "$conns" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
 }
+# start_ref NAME BODY [GZIP_BODY]: omen-static-serve on the saved answer; sets REF_URL, REF_PID.
+start_ref() {
+    local port gz=()
+    port=$(free_port)
+    [[ -n ${3:-} ]] && gz=(--gzip-body "$3")
+    "$STATIC" --body "$2" "${gz[@]}" --listen "127.0.0.1:$port" >"$TMP/ref-$1.log" 2>&1 &
+    REF_PID=$!
+    PIDS+=("$REF_PID")
+    REF_URL=http://127.0.0.1:$port
+    for _ in $(seq 100); do
+        curl -fsS -o /dev/null "$REF_URL/" 2>/dev/null && return 0
+        kill -0 "$REF_PID" 2>/dev/null || break
+        sleep 0.05
+    done
+    cat "$TMP/ref-$1.log" >&2
+    die "the reference server for $1 did not answer"
+}
+stop_ref() {
+    kill "$REF_PID" 2>/dev/null || true
+    wait "$REF_PID" 2>/dev/null || true
+    unset REF_URL REF_PID
+}
 LATEST_PATH=/scores/latest
 SERIES_PATH='/scores?signal=kvf_ratio&layer=3&gpu=0&since=now-5m&step=10s'
+# Each agent run is followed at once by the same wrk run against the reference serving the
+# bytes the agent answered just before it.
 run_wrk latest "$LATEST_PATH"
-sleep 2
 # As Grafana (Go's HTTP client), Python requests and browsers ask for it by default.
 run_wrk latest_gzip "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$WRK_SECONDS" gzip
-sleep 2
+start_ref latest "$TMP/probe-latest.json" "$TMP/probe-latest_gzip.json"
+run_wrk ref_latest "$LATEST_PATH"
+run_wrk ref_latest_gzip "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$WRK_SECONDS" gzip
+stop_ref
 run_wrk series "$SERIES_PATH"
+start_ref series "$TMP/probe-series.json"
+run_wrk ref_series "$SERIES_PATH"
+stop_ref
 # One connection: the per-request service time, without queueing (informative, no target).
-sleep 1
 run_wrk latest1 "$LATEST_PATH" 1 1 "$WRK1_SECONDS"
 run_wrk series1 "$SERIES_PATH" 1 1 "$WRK1_SECONDS"
 HWM_END_KB=$(status_kb "$AGENT" VmHWM)
@@ -234,6 +304,19 @@ latest_gzip = load("$TMP/wrk-latest_gzip.json")
 series = load("$TMP/wrk-series.json")
 latest1 = load("$TMP/wrk-latest1.json")
 series1 = load("$TMP/wrk-series1.json")
+ref = {k: load(f"$TMP/wrk-ref_{k}.json") for k in ("latest", "latest_gzip", "series")}
+parse = load("$TMP/parse.json")
+steady_s = $STEADY_S
+cpu_us_ticks = ($C1 - $C0) / $CLK_TCK * 1e6
+cpu_us = ($N1 - $N0) / 1e3
+# schedstat misses threads that exited in the window; then the tick count is the better figure.
+cpu_source = "schedstat (ns)"
+if cpu_us_ticks - cpu_us > 2 * 1e6 / $CLK_TCK:
+    cpu_us, cpu_source = cpu_us_ticks, "clock ticks (a thread exited in the window)"
+samples = $S1 - $S0
+kv_maps = samples * parse["kv_maps"] / parse["samples"]
+ticks = $K1 - $K0
+series_live = int($SERIES)
 model = open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].split("\n")[0].strip() if "model name" in open("/proc/cpuinfo").read() else platform.machine()
 def verdict(ok): return "MET" if ok else "NOT MET"
 targets = {
@@ -247,10 +330,29 @@ targets = {
     "scores_series_p99_ms": {"value": series["p99_ms"], "target": "< $P99_TARGET_MS",
                              "verdict": verdict(series["p99_ms"] < $P99_TARGET_MS and series["non_2xx"] == 0 and series["socket_errors"] == 0)},
 }
+# Ratios to references measured in this run (these carry from machine to machine).
+def clean(w): return w["non_2xx"] == 0 and w["socket_errors"] == 0
+ratios = {}
+for key, agent, label in (("latest", latest, "/scores/latest"), ("latest_gzip", latest_gzip, "/scores/latest gzip"), ("series", series, "/scores?signal=...")):
+    r = ref[key]
+    tput = float(agent["rps"]) / float(r["rps"])
+    p99 = agent["p99_ms"] / r["p99_ms"]
+    ratios[f"{key}_throughput_vs_static"] = {"what": f"{label}: agent req/s / static same-size body req/s", "value": round(tput, 3),
+        "target": ">= 0.5", "verdict": verdict(tput >= 0.5 and clean(agent) and clean(r))}
+    ratios[f"{key}_p99_vs_static"] = {"what": f"{label}: agent p99 / static same-size body p99", "value": round(p99, 3),
+        "target": "<= 2", "verdict": verdict(p99 <= 2.0 and clean(agent) and clean(r))}
+per_sample = cpu_us / samples if samples > 0 else float("nan")
+per_map = cpu_us / kv_maps if kv_maps > 0 else float("nan")
+ratios["cpu_us_per_sample"] = {"what": "agent CPU per pushed sample (us)", "value": round(per_sample, 3), "target": "", "verdict": ""}
+ratios["cpu_us_per_kv_map"] = {"what": "agent CPU per pushed KV block map (us; the whole push's cost shared out)", "value": round(per_map, 3), "target": "", "verdict": ""}
+ratios["cpu_vs_parse_per_sample"] = {"what": "agent CPU per sample / the agent's parser alone per sample", "value": round(per_sample / parse["parse_us_per_sample"], 3), "target": "", "verdict": ""}
+rss_per_series = ($RSS_MEAN_KB - $IDLE_RSS_KB) * 1024 / series_live if series_live > 0 else float("nan")
+ratios["rss_bytes_per_series"] = {"what": "RSS over the idle agent per live series (bytes)", "value": round(rss_per_series), "target": "", "verdict": ""}
 summary = {
     "build": "$BUILD_KIND",
     "machine": {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
                 "loadavg_start": "$LOADAVG_START", "loadavg_end": "$LOADAVG_END"},
+    "store": "${BENCH_STORE:-new}",
     "load": {"gpus": $GPUS, "layers": $LAYERS, "blocks": $BLOCKS, "canaries": $CANARIES, "rate_hz": 1,
              "push_seconds": $SECONDS_PUSH, "warmup_seconds": $WARMUP, "backfill_seconds": $BACKFILL},
     "agent": {"cpu_pct_of_one_core": cpu, "cpu_idle_pct_of_one_core": $CPU_IDLE_PCT, "steady_seconds": round($STEADY_S, 1),
@@ -263,6 +365,14 @@ summary = {
             "scores_latest": latest, "scores_latest_gzip": latest_gzip, "scores_series": series,
             "one_connection": {"scores_latest": latest1, "scores_series": series1}},
     "targets": targets,
+    "ratios": ratios,
+    "per_sample": {"samples_in_steady_window": samples, "samples_per_second": round(samples / steady_s, 1),
+                   "kv_maps_in_steady_window": round(kv_maps), "agent_cpu_us": round(cpu_us),
+                   "live_series": series_live, "ticks": ticks,
+                   "tick_mean_ms": round(($KS1 - $KS0) / ticks * 1000, 3) if ticks > 0 else None,
+                   "agent_cpu_us_clock_ticks": round(cpu_us_ticks), "agent_cpu_source": cpu_source,
+                   "parse": parse},
+    "reference": ref,
 }
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
@@ -291,6 +401,14 @@ w = max(len(r[0]) for r in rows)
 print(f"{'measure':<{w}}  {'value':>14}  {'target':>7}  verdict")
 for r in rows:
     print(f"{r[0]:<{w}}  {r[1]:>14}  {r[2]:>7}  {r[3]}")
+print()
+print("ratios to references measured in this run (same machine, same HTTP stack, same load):")
+w2 = max(len(r["what"]) for r in ratios.values())
+for r in ratios.values():
+    print(f"{r['what']:<{w2}}  {r['value']:>10}  {r['target']:>6}  {r['verdict']}")
+print(f"static reference: /scores/latest {float(ref['latest']['rps']):.0f} req/s p99 {ref['latest']['p99_ms']:.2f} ms; gzip {float(ref['latest_gzip']['rps']):.0f} req/s p99 {ref['latest_gzip']['p99_ms']:.2f} ms; /scores?... {float(ref['series']['rps']):.0f} req/s p99 {ref['series']['p99_ms']:.2f} ms")
+print(f"parser alone: {parse['parse_us_per_sample']:.3f} us/sample, {parse['parse_us_per_kv_map']:.3f} us/KV map (JSON scan {parse['json_scan_us_per_sample']:.3f} us/sample); "
+      f"{samples:.0f} samples in {steady_s:.0f} s, {series_live} live series; {ticks:.0f} ticks in the window, mean {summary['per_sample']['tick_mean_ms']} ms")
 print(f"load average (1/5/15 min) at start {summary['machine']['loadavg_start']}, at end {summary['machine']['loadavg_end']}: other work on the machine inflates the wrk latencies")
 print(f"\nJSON: {sys.argv[1]}")
 EOF

@@ -37,6 +37,17 @@ cpu_ticks() { # utime + stime of $1, clock ticks (fields after the parenthesised
     echo $(( ${12} + ${13} ))
 }
 
+cpu_ns() { # CPU time of $1's live threads, ns (/proc/PID/task/*/schedstat: exact, where
+    # /proc/PID/stat counts clock ticks of 10 ms; a thread that exited takes its time with it,
+    # so callers compare with cpu_ticks)
+    local total=0 f t
+    for f in /proc/"$1"/task/*/schedstat; do
+        read -r t _ <"$f" 2>/dev/null || continue
+        total=$(( total + t ))
+    done
+    echo "$total"
+}
+
 status_kb() { # VmRSS / VmHWM ($2) of $1 in kB
     awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"
 }

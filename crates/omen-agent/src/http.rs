@@ -140,7 +140,8 @@ impl LatestView {
 }
 
 /// Whether an Accept-Encoding header value accepts gzip (RFC 9110: `gzip` or `*`, q > 0).
-fn accepts_gzip(accept_encoding: &str) -> bool {
+/// Whether an `Accept-Encoding` value admits gzip (q > 0, `gzip`, `x-gzip` or `*`).
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
     accept_encoding.split(',').any(|item| {
         let mut parts = item.split(';');
         let coding = parts.next().unwrap_or("").trim();
@@ -246,6 +247,17 @@ impl ApiError {
         Self { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message: message.into() }
     }
 }
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{} ({field}): {}", self.status, self.message),
+            None => write!(f, "{}: {}", self.status, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -366,7 +378,7 @@ fn check_token(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -399,18 +411,14 @@ async fn ingest_handler(
     }
 }
 
-async fn ingest_inner(
-    st: &AppState,
-    kind: &str,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<usize, ApiError> {
-    check_token(st, headers)?;
-    let now = now_ms();
-    let samples = match kind {
-        "kvcache" => ingest::kvcache_samples(&parse_json(body)?, now)?,
-        "logits" => ingest::logits_samples(&parse_json(body)?, now)?,
-        "samples" => ingest::generic_samples(&parse_json(body)?, now)?,
+/// The samples of one push to `/v1/ingest/{kind}` (`now_ms` stamps those without a time):
+/// everything the agent does to a push before its pipeline sees it. Public so that the
+/// benchmark can time this step on its own (`omen-push-load --parse-only`).
+pub fn parse_ingest(kind: &str, body: &[u8], now_ms: i64) -> Result<Vec<omen_sources::Sample>, ApiError> {
+    Ok(match kind {
+        "kvcache" => ingest::kvcache_samples(&parse_json(body)?, now_ms)?,
+        "logits" => ingest::logits_samples(&parse_json(body)?, now_ms)?,
+        "samples" => ingest::generic_samples(&parse_json(body)?, now_ms)?,
         other => {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -418,7 +426,17 @@ async fn ingest_inner(
                 message: format!("no ingest endpoint {other:?}; use /v1/ingest/kvcache, /v1/ingest/logits or /v1/ingest/samples"),
             })
         }
-    };
+    })
+}
+
+async fn ingest_inner(
+    st: &AppState,
+    kind: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<usize, ApiError> {
+    check_token(st, headers)?;
+    let samples = parse_ingest(kind, body, now_ms())?;
     let (tx, rx) = oneshot::channel();
     let n = samples.len();
     if st.ingest.try_send(IngestJob { samples, ack: Some(tx) }).is_err() {

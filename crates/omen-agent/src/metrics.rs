@@ -11,7 +11,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -126,9 +126,19 @@ pub struct LiveMetrics {
     pub series_evicted: Counter,
     /// Lasting level shifts found, by signal.
     pub level_shifts: Family<Vec<(String, String)>, Counter>,
+    /// Input series (pushed and scraped) the engine holds; `limits.max_series` caps them.
+    pub series_held: Gauge,
+    /// Wall time of each engine tick (health, forecasts, roll-ups, retention), seconds.
+    pub tick_seconds: Histogram,
     /// Most gauge series held (see [`LiveMetrics::set_series_limit`]).
     series_limit: std::sync::atomic::AtomicUsize,
 }
+
+/// Bucket bounds of the tick time, seconds: 0.5 ms to 8 s by doubling (a tick of a large
+/// node with weeks of history is tens of milliseconds; seconds mean something is wrong).
+const TICK_BUCKETS: [f64; 15] = [
+    0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096, 8.192,
+];
 
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
@@ -159,6 +169,8 @@ impl LiveMetrics {
             series_rejected: Family::default(),
             series_evicted: Counter::default(),
             level_shifts: Family::default(),
+            series_held: Gauge::default(),
+            tick_seconds: Histogram::new(TICK_BUCKETS),
             series_limit: MAX_GAUGE_SERIES.into(),
         };
         m.set_gauge(
@@ -382,6 +394,17 @@ pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
         "level_shifts",
         "Lasting level shifts: changes of a series that held for signals.latch, by signal",
         live.level_shifts.clone(),
+    );
+    registry.register(
+        "series",
+        "Input series (pushed and scraped) the agent holds in memory; limits.max_series caps them",
+        live.series_held.clone(),
+    );
+    registry.register_with_unit(
+        "tick_duration",
+        "Time the engine spent on one tick: health, forecasts, day roll-ups, retention",
+        prometheus_client::registry::Unit::Seconds,
+        live.tick_seconds.clone(),
     );
     registry.register_collector(Box::new(GaugeCollector(live)));
     registry

@@ -42,8 +42,9 @@ pub struct SloForecast {
 
 impl Engine {
     /// The forecast of every configured SLO from the complete days before `now_ms`.
-    pub(super) fn forecasts(&self, now_ms: i64) -> Result<Vec<SloForecast>> {
-        let f = &self.cfg.forecast;
+    pub(super) fn forecasts(&mut self, now_ms: i64) -> Result<Vec<SloForecast>> {
+        let cfg = self.cfg.clone();
+        let f = &cfg.forecast;
         let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
         let worst_of = f.worst_of_days.max(1);
         // Earlier days feed the first trailing windows, so the trend still spans lookback_days.
@@ -144,22 +145,43 @@ impl Engine {
     }
 
     /// (day midpoint in days since the epoch, indicator) for complete days in [from, until).
-    fn daily_indicator(&self, slo: &SloConfig, from_ms: i64, until_ms: i64) -> Result<Vec<(f64, f64)>> {
+    ///
+    /// Kept per indicator until the window moves or a day roll-up or retention changes the
+    /// day aggregates: reading them costs a row per series and day (19,200 rows for 640
+    /// layers over 30 days), which a tick would otherwise pay every minute for an answer
+    /// that changes once a day.
+    fn daily_indicator(&mut self, slo: &SloConfig, from_ms: i64, until_ms: i64) -> Result<Vec<(f64, f64)>> {
         let def = IndicatorDefinition::of(slo.indicator);
+        let key = DailyKey { from_ms, until_ms, day_agg_generation: self.day_agg_generation };
+        if let Some((cached_key, days)) = self.daily_cache.get(&def) {
+            if *cached_key == key {
+                return Ok(days.clone());
+            }
+        }
         let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
         for d in self.store.day_aggregates(def.signal, from_ms, until_ms)? {
             by_day.entry(d.day_ms).or_default().push(def.statistic.of_aggregate(&d));
         }
-        Ok(by_day
+        let days: Vec<(f64, f64)> = by_day
             .into_iter()
             .map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v)))
-            .collect())
+            .collect();
+        self.daily_cache.insert(def, (key, days.clone()));
+        Ok(days)
     }
+}
+
+/// What a cached daily indicator was read for (see [`Engine::daily_indicator`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct DailyKey {
+    from_ms: i64,
+    until_ms: i64,
+    day_agg_generation: u64,
 }
 
 /// How an SLO indicator is computed from stored samples: the one definition that the
 /// forecasts and the simulator's breach labels (simulate.rs) share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IndicatorDefinition {
     /// The stored series it reads.
     pub signal: &'static str,
@@ -185,7 +207,7 @@ impl IndicatorDefinition {
 }
 
 /// A daily statistic of one series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DailyStatistic {
     /// 99th percentile.
     P99,
@@ -221,7 +243,7 @@ impl DailyStatistic {
 }
 
 /// How the series of one day combine into the day's indicator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CombineSeries {
     /// The highest (the worst layer or GPU).
     Max,
@@ -288,6 +310,14 @@ mod tests {
         assert!(kv.early_warning);
         assert!(s.health_score >= 0.6);
         assert!(e.events().iter().any(|ev| ev.alert == "forecast:kv_usage"));
+        // The day aggregates are read once per day: another tick of the day, and an
+        // engine that starts afresh on the same store, give the same forecasts.
+        let again = e.tick(t0 + 12 * DAY_MS).unwrap();
+        let fresh =
+            engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n").tick(t0 + 12 * DAY_MS).unwrap();
+        for other in [&again, &fresh] {
+            assert_eq!(format!("{:?}", other.forecasts), format!("{:?}", s.forecasts));
+        }
         let ttft = s.forecasts.iter().find(|f| f.slo == "ttft_p99").unwrap();
         assert!(ttft.days_to_breach.is_none() && !ttft.early_warning);
     }

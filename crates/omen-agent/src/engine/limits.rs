@@ -186,11 +186,22 @@ mod tests {
             e.process(vec![sample("a", 2, T0 + minute * 60_000)]).unwrap();
         }
         assert_eq!(e.series_count(), 1);
+        assert_eq!(e.live.series_held.get(), 1, "omen_series follows the eviction");
         assert_eq!(e.live.gauge("a", &gauge_labels), None, "gone from /metrics");
         assert!(e.live.gauge("a", &to_labels(&[("id".to_owned(), "2".to_owned())].into())).is_some());
         assert_eq!(e.live.series_evicted.get(), 1);
         // It comes back as a new series when it reports again.
         e.process(vec![sample("a", 1, T0 + 13 * 60_000)]).unwrap();
         assert_eq!(e.series_count(), 2);
+        assert_eq!(e.live.series_held.get(), 2);
+        // One tick a minute of event time, each timed into omen_tick_duration_seconds.
+        let text = crate::metrics::render(&crate::metrics::registry(e.live.clone()));
+        let ticks: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("omen_tick_duration_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no tick count in {text}"));
+        assert!((12..=14).contains(&ticks), "{ticks} ticks for 13 minutes of event time");
+        assert!(text.contains("# TYPE omen_series gauge\nomen_series 2\n"), "{text}");
     }
 }

@@ -50,6 +50,10 @@ pub struct Engine {
     rolled_until_day_ms: Option<i64>,
     /// A day roll-up in progress: (day, next series id) (rollup.rs).
     roll_up_cursor: Option<(i64, i64)>,
+    /// Bumped whenever the store's day aggregates change (a roll-up step, retention).
+    day_agg_generation: u64,
+    /// Each SLO indicator's daily values, with what they were read for (forecast.rs).
+    daily_cache: HashMap<IndicatorDefinition, (forecast::DailyKey, Vec<(f64, f64)>)>,
     summary: Arc<RwLock<Option<HealthSummary>>>,
     health_level: Level,
     /// Early warning per SLO at the last tick, for its transitions.
@@ -89,6 +93,8 @@ impl Engine {
             last_tick_ms: None,
             last_retention_ms: 0,
             rolled_until_day_ms,
+            day_agg_generation: 0,
+            daily_cache: HashMap::new(),
             roll_up_cursor: None,
             explanation: None,
             explained_at_ms: None,
@@ -168,8 +174,11 @@ impl Engine {
             Some(t) => self.clock_ms - t >= self.cfg.health.interval.as_millis() as i64,
         };
         if due && self.clock_ms > 0 {
+            let started = std::time::Instant::now();
             self.tick(self.clock_ms)?;
+            self.live.tick_seconds.observe(started.elapsed().as_secs_f64());
         }
+        self.live.series_held.set(self.series_count() as i64);
         Ok(n)
     }
 

@@ -49,6 +49,7 @@ impl Engine {
                 return Ok(());
             }
             let done = self.store.roll_up_day(day, from_id, budget)?;
+            self.day_agg_generation += 1;
             budget -= done.visited.min(budget);
             match done.next_id {
                 Some(id) => self.roll_up_cursor = Some((day, id)),
@@ -79,6 +80,9 @@ impl Engine {
                 st.minute_retention_days,
                 st.day_retention_days,
             )?;
+            if deleted > 0 {
+                self.day_agg_generation += 1;
+            }
             // A bounded call that hit its bound may have left more: go on at the next tick.
             if deleted < omen_store::RETENTION_BLOCKS_PER_CALL {
                 self.last_retention_ms = now_ms;

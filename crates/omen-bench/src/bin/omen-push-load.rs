@@ -16,6 +16,11 @@
 //! and the whole run with a hard deadline. Only loopback URLs are accepted unless
 //! `--allow-non-loopback` is given.
 //!
+//! With `--parse-only` it sends nothing: it builds `--seconds` rounds of the same payloads
+//! and times the agent's own parser on them (`omen_agent::http::parse_ingest`, everything
+//! the agent does to a push before its pipeline), printing one JSON line, so that the
+//! benchmark can set the agent's CPU per sample beside the cost of merely parsing it.
+//!
 //! ```text
 //! cargo run --release -p omen-bench --bin omen-push-load -- --url http://127.0.0.1:9464 --seconds 60
 //! ```
@@ -74,6 +79,10 @@ struct Args {
     /// Allow a URL whose host is not loopback.
     #[arg(long)]
     allow_non_loopback: bool,
+    /// Send nothing: time the agent's parser on `--seconds` rounds of payloads and print
+    /// the cost per sample and per KV block map as one JSON line.
+    #[arg(long)]
+    parse_only: bool,
 }
 
 // ---------------------------------------------------------------- small utilities
@@ -486,6 +495,9 @@ async fn main() -> Result<()> {
     if args.seconds == 0 && args.backfill == 0 {
         bail!("nothing to do: give --seconds and/or --backfill");
     }
+    if args.parse_only {
+        return parse_only(&args);
+    }
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(args.timeout))
         .pool_max_idle_per_host(64)
@@ -626,5 +638,85 @@ async fn main() -> Result<()> {
     if failed > 0 || overrun {
         std::process::exit(1);
     }
+    Ok(())
+}
+
+/// Passes over the payloads in `--parse-only`: at least this many, and more until
+/// [`PARSE_MIN_SECONDS`] have passed. The fastest pass is reported (the others carry page
+/// faults and cache misses of the first touch, or another process's interference).
+const PARSE_PASSES: usize = 5;
+/// Least time spent parsing in `--parse-only`, so that a small load is timed as well as a large one.
+const PARSE_MIN_SECONDS: f64 = 1.0;
+
+/// `--parse-only`: the agent's parse step, timed on the payloads a run of `--seconds` rounds sends.
+fn parse_only(args: &Args) -> Result<()> {
+    let mut rng = Rng::new(args.seed.wrapping_add(0x5EED));
+    let canaries: Vec<Canary> = (0..args.canaries).map(|i| Canary::new(i, &mut rng)).collect();
+    let mut node = Node {
+        base: String::new(),
+        gpus: (0..args.gpus).map(|g| Gpu::new(g, args.layers, args.blocks, args.seed)).collect(),
+        canaries,
+        rng,
+    };
+    let rounds = ((args.seconds as f64) * args.rate).ceil().max(1.0) as u64;
+    let now = now_ms();
+    let mut bodies: Vec<(String, Vec<u8>)> = Vec::new();
+    for round in 0..rounds {
+        bodies.extend(node.round(round as f64 / args.rate, now + round as i64 * 1000)?);
+    }
+    let kinds: Vec<(&str, &[u8])> =
+        bodies.iter().map(|(url, body)| (url.rsplit('/').next().unwrap_or(""), body.as_slice())).collect();
+    // Counts: samples each push yields, and the KV block maps (layers) the kvcache pushes carry.
+    let (mut samples, mut kv_samples) = (0usize, 0usize);
+    for (kind, body) in &kinds {
+        let n = omen_agent::http::parse_ingest(kind, body, now)
+            .with_context(|| format!("the agent's parser refused a generated {kind} payload"))?
+            .len();
+        samples += n;
+        if *kind == "kvcache" {
+            kv_samples += n;
+        }
+    }
+    let kv_maps = rounds as usize * args.gpus as usize * args.layers as usize;
+    let bytes: usize = kinds.iter().map(|(_, b)| b.len()).sum();
+    // Fastest pass: the full parse, its kvcache share, and a bare JSON scan.
+    let (mut full, mut kv_only, mut scan) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let started = Instant::now();
+    let mut passes = 0;
+    while passes < PARSE_PASSES || started.elapsed().as_secs_f64() < PARSE_MIN_SECONDS {
+        passes += 1;
+        let (mut total, mut kv) = (0.0, 0.0);
+        for (kind, body) in &kinds {
+            let t = Instant::now();
+            let parsed = omen_agent::http::parse_ingest(kind, body, now);
+            let dt = t.elapsed().as_secs_f64();
+            std::hint::black_box(parsed).ok();
+            total += dt;
+            if *kind == "kvcache" {
+                kv += dt;
+            }
+        }
+        full = full.min(total);
+        kv_only = kv_only.min(kv);
+        let t = Instant::now();
+        for (_, body) in &kinds {
+            std::hint::black_box(serde_json::from_slice::<serde::de::IgnoredAny>(body))?;
+        }
+        scan = scan.min(t.elapsed().as_secs_f64());
+    }
+    let report = json!({
+        "rounds": rounds,
+        "requests": kinds.len(),
+        "bytes": bytes,
+        "samples": samples,
+        "kv_samples": kv_samples,
+        "kv_maps": kv_maps,
+        "passes": passes,
+        "parse_us_per_sample": full * 1e6 / samples.max(1) as f64,
+        "parse_us_per_kv_map": kv_only * 1e6 / kv_maps.max(1) as f64,
+        "json_scan_us_per_sample": scan * 1e6 / samples.max(1) as f64,
+        "parse_us_per_round": full * 1e6 / rounds as f64,
+    });
+    println!("{report}");
     Ok(())
 }
