@@ -4,7 +4,9 @@
 # under 200 concurrent clients (wrk) while that load keeps running.
 #
 # Every figure is also given as a ratio to a reference measured in the same run on the
-# same machine, so that it carries from one machine to another:
+# same machine, so that it carries from one machine to another (each query's wrk time is
+# split into BENCH_WRK_ROUNDS, default 3, rounds alternating agent and reference; a ratio
+# is the median of the rounds'):
 #   - each query is repeated against omen-static-serve, which serves the agent's own answer
 #     (same bytes, same encoding) through the same HTTP stack with no work behind it:
 #     throughput ratio (target >= 0.5) and p99 ratio (target <= 2);
@@ -17,13 +19,15 @@
 #
 # Environment: BENCH_SECONDS (push phase, default 60), BENCH_BACKFILL (seconds of
 # history pushed before the timing starts, default 300), BENCH_WARMUP (seconds skipped
-# before CPU sampling, default 10), BENCH_WRK_SECONDS (default 15), BENCH_WRK_CONNS
+# before CPU sampling, default 10), BENCH_WRK_SECONDS (per query and side, default 15),
+# BENCH_WRK_ROUNDS (default 3), BENCH_WRK_CONNS
 # (default 200), BENCH_WRK_THREADS (default 2), BENCH_WRK1_SECONDS (the
 # one-connection service-time runs, default 5), BENCH_GPUS / BENCH_LAYERS /
 # BENCH_BLOCKS / BENCH_CANARIES (push shape, default 8/80/4096/4), BENCH_OUT (JSON
 # summary, default target/bench-agent.json), CARGO_TARGET_DIR (where the release
 # build goes, default target), BENCH_NO_BUILD=1 (use the binaries already built),
-# BENCH_HEALTH_INTERVAL (the agent's health.interval, e.g. 5s, so that a short steady window
+# BENCH_PIN (1, the default: the servers on all CPUs but the last, pusher and wrk on the
+# last; 0: no pinning), BENCH_HEALTH_INTERVAL (the agent's health.interval, e.g. 5s, so that a short steady window
 # holds enough ticks to time; default: the agent's default, 1m), BENCH_STORE (a store file, e.g. from `omen fill-history`, copied and used as the agent's
 # store so that it starts with that history; default: a new store), BENCH_LEAN=1 (the lean sidecar: built with --no-default-features, without model
 # support, into target/lean unless CARGO_TARGET_DIR says otherwise). Neither build of
@@ -40,6 +44,7 @@ ROOT=$PWD
 SECONDS_PUSH=${BENCH_SECONDS:-60}
 WARMUP=${BENCH_WARMUP:-10}
 WRK_SECONDS=${BENCH_WRK_SECONDS:-15}
+WRK_ROUNDS=${BENCH_WRK_ROUNDS:-3}
 WRK_CONNS=${BENCH_WRK_CONNS:-200}
 WRK_THREADS=${BENCH_WRK_THREADS:-2}
 WRK1_SECONDS=${BENCH_WRK1_SECONDS:-5}
@@ -74,6 +79,8 @@ log() { echo "bench-agent: $*" >&2; }
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP=$WARMUP is not a whole number of seconds"
 (( SECONDS_PUSH > WARMUP + 4 )) || die "BENCH_SECONDS ($SECONDS_PUSH) must exceed BENCH_WARMUP ($WARMUP) by at least 5 s"
 (( SECONDS_PUSH <= 3600 )) || die "BENCH_SECONDS is capped at 3600"
+[[ $WRK_ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_WRK_ROUNDS=$WRK_ROUNDS is not a whole number of rounds (at least 1)"
+ROUND_SECONDS=$(( WRK_SECONDS / WRK_ROUNDS > 0 ? WRK_SECONDS / WRK_ROUNDS : 1 ))
 command -v wrk >/dev/null || die "wrk not found: apt-get install -y wrk (listed in scripts/apt-packages.txt)"
 command -v curl >/dev/null || die "curl not found"
 command -v python3 >/dev/null || die "python3 not found (used for the JSON summary)"
@@ -96,9 +103,22 @@ NAME=bench-agent
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
+# ---------------------------------------------------------------- CPU placement
+# The server under test (agent or reference) gets every core but the last; the load
+# (pusher, wrk) gets the last. Both servers then meet the same conditions, and the
+# scheduler's shuffling of 200 clients' threads across all cores stops widening the tails
+# (two runs' ratios differed by up to 26% unpinned). BENCH_PIN=0 turns it off.
+NCPU=$(nproc)
+PIN_SERVER=(); PIN_CLIENT=()
+if [[ ${BENCH_PIN:-1} == 1 ]] && (( NCPU >= 2 )) && command -v taskset >/dev/null; then
+    PIN_SERVER=(taskset -c "0-$(( NCPU - 2 ))"); PIN_CLIENT=(taskset -c "$(( NCPU - 1 ))")
+    log "pinning: servers on CPUs 0-$(( NCPU - 2 )), pusher and wrk on CPU $(( NCPU - 1 ))"
+fi
+PLACEMENT="${PIN_SERVER[*]:-unpinned} / ${PIN_CLIENT[*]:-unpinned}"
+
 # ---------------------------------------------------------------- parse cost
 # The agent's parser alone on 30 rounds of the same payloads (no HTTP, no pipeline).
-"$PUSH" --parse-only --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
+"${PIN_SERVER[@]}" "$PUSH" --parse-only --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
     --seconds 30 >"$TMP/parse.json" 2>"$TMP/parse.log" || { cat "$TMP/parse.log" >&2; die "omen-push-load --parse-only failed"; }
 log "parse cost: $(cat "$TMP/parse.json")"
 
@@ -131,7 +151,7 @@ if [[ -n ${BENCH_STORE:-} ]]; then
     log "the agent starts on a copy of $BENCH_STORE ($(du -sh "$TMP/store" | cut -f1))"
 fi
 log "starting the agent on $URL (store in $TMP/store)"
-RUST_LOG=${RUST_LOG:-warn} "$OMEN" run --config "$TMP/omen.yaml" >"$TMP/omen.log" 2>&1 &
+RUST_LOG=${RUST_LOG:-warn} "${PIN_SERVER[@]}" "$OMEN" run --config "$TMP/omen.yaml" >"$TMP/omen.log" 2>&1 &
 AGENT=$!
 PIDS+=("$AGENT")
 
@@ -157,7 +177,7 @@ LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 # the /scores query reads), so queries meet what a long-running agent holds. Not timed.
 if (( BACKFILL > 0 )); then
     log "backfill: ${BACKFILL} s of history"
-    timeout $(( BACKFILL + 120 )) "$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" \
+    timeout $(( BACKFILL + 120 )) "${PIN_CLIENT[@]}" "$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" \
         --canaries "$CANARIES" --seconds 0 --backfill "$BACKFILL" >"$TMP/backfill.log" 2>&1 \
         || { cat "$TMP/backfill.log" >&2; die "backfill failed"; }
     cat "$TMP/backfill.log" >&2
@@ -165,9 +185,9 @@ fi
 
 # ---------------------------------------------------------------- push phase
 # One pusher runs the push phase and the wrk phase, so /scores is measured under load.
-PUSH_TOTAL=$(( SECONDS_PUSH + 6 * (WRK_SECONDS + 2) + 2 * (WRK1_SECONDS + 2) + 8 ))
+PUSH_TOTAL=$(( SECONDS_PUSH + 6 * WRK_ROUNDS * (ROUND_SECONDS + 2) + 2 * (WRK1_SECONDS + 2) + 8 ))
 log "push load: ${GPUS} GPUs x ${LAYERS} layers x ${BLOCKS} blocks, ${CANARIES} canaries, 1 Hz, ${PUSH_TOTAL} s in all"
-"$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
+"${PIN_CLIENT[@]}" "$PUSH" --url "$URL" --gpus "$GPUS" --layers "$LAYERS" --blocks "$BLOCKS" --canaries "$CANARIES" \
     --seconds "$PUSH_TOTAL" --rate 1 >"$TMP/push.log" 2>&1 &
 PUSHER=$!
 PIDS+=("$PUSHER")
@@ -216,7 +236,7 @@ run_wrk() {
     log "wrk -t$threads -c$conns -d${secs}s --latency -H 'Accept-Encoding: $encoding' $base$path"
     local c0 c1 t0 t1
     t0=$(now_s); c0=$(cpu_ticks "$pid")
-    timeout $(( secs + 30 )) wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency -H "Accept-Encoding: $encoding" "$base$path" >"$out" 2>&1 \
+    timeout $(( secs + 30 )) "${PIN_CLIENT[@]}" wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 5s --latency -H "Accept-Encoding: $encoding" "$base$path" >"$out" 2>&1 \
         || { cat "$out" >&2; die "wrk failed on $base$path"; }
     t1=$(now_s); c1=$(cpu_ticks "$pid")
     cat "$out" >&2
@@ -239,7 +259,7 @@ start_ref() {
     local port gz=()
     port=$(free_port)
     [[ -n ${3:-} ]] && gz=(--gzip-body "$3")
-    "$STATIC" --body "$2" "${gz[@]}" --listen "127.0.0.1:$port" >"$TMP/ref-$1.log" 2>&1 &
+    "${PIN_SERVER[@]}" "$STATIC" --body "$2" "${gz[@]}" --listen "127.0.0.1:$port" >"$TMP/ref-$1.log" 2>&1 &
     REF_PID=$!
     PIDS+=("$REF_PID")
     REF_URL=http://127.0.0.1:$port
@@ -260,17 +280,22 @@ LATEST_PATH=/scores/latest
 SERIES_PATH='/scores?signal=kvf_ratio&layer=3&gpu=0&since=now-5m&step=10s'
 # Each agent run is followed at once by the same wrk run against the reference serving the
 # bytes the agent answered just before it.
-run_wrk latest "$LATEST_PATH"
-# As Grafana (Go's HTTP client), Python requests and browsers ask for it by default.
-run_wrk latest_gzip "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$WRK_SECONDS" gzip
-start_ref latest "$TMP/probe-latest.json" "$TMP/probe-latest_gzip.json"
-run_wrk ref_latest "$LATEST_PATH"
-run_wrk ref_latest_gzip "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$WRK_SECONDS" gzip
-stop_ref
-run_wrk series "$SERIES_PATH"
-start_ref series "$TMP/probe-series.json"
-run_wrk ref_series "$SERIES_PATH"
-stop_ref
+# BENCH_WRK_SECONDS per query and side is split into BENCH_WRK_ROUNDS alternating rounds, and
+# a ratio is the median of the rounds' ratios: a noisy spell of the machine then spoils one
+# round, not the figure.
+for round in $(seq "$WRK_ROUNDS"); do
+    run_wrk "latest_r$round" "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$ROUND_SECONDS"
+    # As Grafana (Go's HTTP client), Python requests and browsers ask for it by default.
+    run_wrk "latest_gzip_r$round" "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$ROUND_SECONDS" gzip
+    start_ref latest "$TMP/probe-latest_r$round.json" "$TMP/probe-latest_gzip_r$round.json"
+    run_wrk "ref_latest_r$round" "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$ROUND_SECONDS"
+    run_wrk "ref_latest_gzip_r$round" "$LATEST_PATH" "$WRK_CONNS" "$WRK_THREADS" "$ROUND_SECONDS" gzip
+    stop_ref
+    run_wrk "series_r$round" "$SERIES_PATH" "$WRK_CONNS" "$WRK_THREADS" "$ROUND_SECONDS"
+    start_ref series "$TMP/probe-series_r$round.json"
+    run_wrk "ref_series_r$round" "$SERIES_PATH" "$WRK_CONNS" "$WRK_THREADS" "$ROUND_SECONDS"
+    stop_ref
+done
 # One connection: the per-request service time, without queueing (informative, no target).
 run_wrk latest1 "$LATEST_PATH" 1 1 "$WRK1_SECONDS"
 run_wrk series1 "$SERIES_PATH" 1 1 "$WRK1_SECONDS"
@@ -299,12 +324,24 @@ cpu = $CPU_PCT
 rss_mb = $END_RSS_KB / 1024
 peak_mb = $PEAK_RSS_KB / 1024
 hwm_mb = $HWM_PUSH_KB / 1024
-latest = load("$TMP/wrk-latest.json")
-latest_gzip = load("$TMP/wrk-latest_gzip.json")
-series = load("$TMP/wrk-series.json")
+import statistics
+rounds = $WRK_ROUNDS
+def merged(name):
+    """One query's rounds: request rate summed over time, latencies the rounds' median."""
+    runs = [load(f"$TMP/wrk-{name}_r{i}.json") for i in range(1, rounds + 1)]
+    m = dict(runs[0])
+    m["rps"] = statistics.mean(float(r["rps"]) for r in runs)
+    for key in ("p50_ms", "p90_ms", "p99_ms"):
+        m[key] = statistics.median(r[key] for r in runs)
+    for key in ("requests", "non_2xx", "socket_errors"):
+        m[key] = sum(int(r[key]) for r in runs)
+    m["agent_cpu_pct"] = round(statistics.mean(float(r["agent_cpu_pct"]) for r in runs), 1)
+    m["rounds"] = runs
+    return m
+latest, latest_gzip, series = merged("latest"), merged("latest_gzip"), merged("series")
 latest1 = load("$TMP/wrk-latest1.json")
 series1 = load("$TMP/wrk-series1.json")
-ref = {k: load(f"$TMP/wrk-ref_{k}.json") for k in ("latest", "latest_gzip", "series")}
+ref = {k: merged(f"ref_{k}") for k in ("latest", "latest_gzip", "series")}
 parse = load("$TMP/parse.json")
 steady_s = $STEADY_S
 cpu_us_ticks = ($C1 - $C0) / $CLK_TCK * 1e6
@@ -335,8 +372,9 @@ def clean(w): return w["non_2xx"] == 0 and w["socket_errors"] == 0
 ratios = {}
 for key, agent, label in (("latest", latest, "/scores/latest"), ("latest_gzip", latest_gzip, "/scores/latest gzip"), ("series", series, "/scores?signal=...")):
     r = ref[key]
-    tput = float(agent["rps"]) / float(r["rps"])
-    p99 = agent["p99_ms"] / r["p99_ms"]
+    pairs = list(zip(agent["rounds"], r["rounds"]))
+    tput = statistics.median(float(a["rps"]) / float(b["rps"]) for a, b in pairs)
+    p99 = statistics.median(a["p99_ms"] / b["p99_ms"] for a, b in pairs)
     ratios[f"{key}_throughput_vs_static"] = {"what": f"{label}: agent req/s / static same-size body req/s", "value": round(tput, 3),
         "target": ">= 0.5", "verdict": verdict(tput >= 0.5 and clean(agent) and clean(r))}
     ratios[f"{key}_p99_vs_static"] = {"what": f"{label}: agent p99 / static same-size body p99", "value": round(p99, 3),
@@ -353,6 +391,7 @@ summary = {
     "machine": {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
                 "loadavg_start": "$LOADAVG_START", "loadavg_end": "$LOADAVG_END"},
     "store": "${BENCH_STORE:-new}",
+    "cpu_placement": "servers: $PLACEMENT (load)",
     "load": {"gpus": $GPUS, "layers": $LAYERS, "blocks": $BLOCKS, "canaries": $CANARIES, "rate_hz": 1,
              "push_seconds": $SECONDS_PUSH, "warmup_seconds": $WARMUP, "backfill_seconds": $BACKFILL},
     "agent": {"cpu_pct_of_one_core": cpu, "cpu_idle_pct_of_one_core": $CPU_IDLE_PCT, "steady_seconds": round($STEADY_S, 1),
@@ -361,7 +400,7 @@ summary = {
               "vmhwm_push_mb": round(hwm_mb, 1), "vmhwm_end_mb": round($HWM_END_KB / 1024, 1),
               "rss_after_wrk_mb": round($RSS_AFTER_WRK_KB / 1024, 1),
               "ingest_rejected": $REJECTED, "ingest_shed": $SHED, "push_load_exit": $PUSH_RC},
-    "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $WRK_SECONDS,
+    "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $WRK_SECONDS, "rounds": rounds,
             "scores_latest": latest, "scores_latest_gzip": latest_gzip, "scores_series": series,
             "one_connection": {"scores_latest": latest1, "scores_series": series1}},
     "targets": targets,

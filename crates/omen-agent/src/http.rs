@@ -139,8 +139,7 @@ impl LatestView {
     }
 }
 
-/// Whether an Accept-Encoding header value accepts gzip (RFC 9110: `gzip` or `*`, q > 0).
-/// Whether an `Accept-Encoding` value admits gzip (q > 0, `gzip`, `x-gzip` or `*`).
+/// Whether an `Accept-Encoding` value admits gzip (RFC 9110: `gzip`, `x-gzip` or `*`, q > 0).
 pub fn accepts_gzip(accept_encoding: &str) -> bool {
     accept_encoding.split(',').any(|item| {
         let mut parts = item.split(';');
