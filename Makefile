@@ -118,7 +118,7 @@ lint: setup-rust setup-torch
 fmt:
 	$(CARGO) fmt --all
 
-## bench: criterion benchmarks of every crate, the agent's cost twice (bench-agent.sh; do the two runs' ratios agree?), the lean build, how cost grows with series and history (bench-grow.sh), and a 5-minute soak at 10x the load
+## bench: criterion benchmarks of every crate, the agent's cost twice (bench-agent.sh; bench-agree.py reports whether the two runs' ratios agree), the lean build, how cost grows with series and history (bench-grow.sh), and a 5-minute soak at 10x the load
 bench: setup-rust setup-apt setup-torch
 	$(CARGO) bench --workspace
 	BENCH_OUT=target/bench-agent-run1.json bash scripts/bench-agent.sh

@@ -80,7 +80,8 @@ log() { echo "bench-agent: $*" >&2; }
 (( SECONDS_PUSH > WARMUP + 4 )) || die "BENCH_SECONDS ($SECONDS_PUSH) must exceed BENCH_WARMUP ($WARMUP) by at least 5 s"
 (( SECONDS_PUSH <= 3600 )) || die "BENCH_SECONDS is capped at 3600"
 [[ $WRK_ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_WRK_ROUNDS=$WRK_ROUNDS is not a whole number of rounds (at least 1)"
-ROUND_SECONDS=$(( WRK_SECONDS / WRK_ROUNDS > 0 ? WRK_SECONDS / WRK_ROUNDS : 1 ))
+# Rounded up: each side gets at least BENCH_WRK_SECONDS per query.
+ROUND_SECONDS=$(( (WRK_SECONDS + WRK_ROUNDS - 1) / WRK_ROUNDS ))
 command -v wrk >/dev/null || die "wrk not found: apt-get install -y wrk (listed in scripts/apt-packages.txt)"
 command -v curl >/dev/null || die "curl not found"
 command -v python3 >/dev/null || die "python3 not found (used for the JSON summary)"
@@ -108,13 +109,19 @@ source scripts/bench-lib.sh
 # (pusher, wrk) gets the last. Both servers then meet the same conditions, and the
 # scheduler's shuffling of 200 clients' threads across all cores stops widening the tails
 # (two runs' ratios differed by up to 26% unpinned). BENCH_PIN=0 turns it off.
-NCPU=$(nproc)
+# The CPUs this process may use (a container's cpuset need not start at 0), as "SERVER LOAD".
+read -r SERVER_CPUS CLIENT_CPU < <(python3 -c '
+import os
+cpus = sorted(os.sched_getaffinity(0))
+print(",".join(map(str, cpus[:-1])) or "-", cpus[-1])
+')
 PIN_SERVER=(); PIN_CLIENT=()
-if [[ ${BENCH_PIN:-1} == 1 ]] && (( NCPU >= 2 )) && command -v taskset >/dev/null; then
-    PIN_SERVER=(taskset -c "0-$(( NCPU - 2 ))"); PIN_CLIENT=(taskset -c "$(( NCPU - 1 ))")
-    log "pinning: servers on CPUs 0-$(( NCPU - 2 )), pusher and wrk on CPU $(( NCPU - 1 ))"
+PLACEMENT="unpinned"
+if [[ ${BENCH_PIN:-1} == 1 && $SERVER_CPUS != - ]] && command -v taskset >/dev/null; then
+    PIN_SERVER=(taskset -c "$SERVER_CPUS"); PIN_CLIENT=(taskset -c "$CLIENT_CPU")
+    PLACEMENT="servers on CPUs $SERVER_CPUS, pusher and wrk on CPU $CLIENT_CPU"
+    log "pinning: $PLACEMENT"
 fi
-PLACEMENT="${PIN_SERVER[*]:-unpinned} / ${PIN_CLIENT[*]:-unpinned}"
 
 # ---------------------------------------------------------------- parse cost
 # The agent's parser alone on 30 rounds of the same payloads (no HTTP, no pipeline).
@@ -274,6 +281,10 @@ start_ref() {
 stop_ref() {
     kill "$REF_PID" 2>/dev/null || true
     wait "$REF_PID" 2>/dev/null || true
+    # Gone: the exit trap must not signal whatever process reuses the number.
+    local kept=() pid
+    for pid in "${PIDS[@]}"; do [[ $pid == "$REF_PID" ]] || kept+=("$pid"); done
+    PIDS=("${kept[@]}")
     unset REF_URL REF_PID
 }
 LATEST_PATH=/scores/latest
@@ -327,7 +338,7 @@ hwm_mb = $HWM_PUSH_KB / 1024
 import statistics
 rounds = $WRK_ROUNDS
 def merged(name):
-    """One query's rounds: request rate summed over time, latencies the rounds' median."""
+    """One query's rounds: the mean request rate, the summed counts, the median latencies."""
     runs = [load(f"$TMP/wrk-{name}_r{i}.json") for i in range(1, rounds + 1)]
     m = dict(runs[0])
     m["rps"] = statistics.mean(float(r["rps"]) for r in runs)
@@ -379,19 +390,22 @@ for key, agent, label in (("latest", latest, "/scores/latest"), ("latest_gzip", 
         "target": ">= 0.5", "verdict": verdict(tput >= 0.5 and clean(agent) and clean(r))}
     ratios[f"{key}_p99_vs_static"] = {"what": f"{label}: agent p99 / static same-size body p99", "value": round(p99, 3),
         "target": "<= 2", "verdict": verdict(p99 <= 2.0 and clean(agent) and clean(r))}
-per_sample = cpu_us / samples if samples > 0 else float("nan")
-per_map = cpu_us / kv_maps if kv_maps > 0 else float("nan")
+if samples <= 0 or series_live <= 0:
+    sys.exit(f"bench-agent: the agent accepted {samples} samples in the steady window and holds {series_live} series: "
+             "the push load did not reach it (see the pusher's report above)")
+per_sample = cpu_us / samples
+per_map = cpu_us / kv_maps
 ratios["cpu_us_per_sample"] = {"what": "agent CPU per pushed sample (us)", "value": round(per_sample, 3), "target": "", "verdict": ""}
 ratios["cpu_us_per_kv_map"] = {"what": "agent CPU per pushed KV block map (us; the whole push's cost shared out)", "value": round(per_map, 3), "target": "", "verdict": ""}
 ratios["cpu_vs_parse_per_sample"] = {"what": "agent CPU per sample / the agent's parser alone per sample", "value": round(per_sample / parse["parse_us_per_sample"], 3), "target": "", "verdict": ""}
-rss_per_series = ($RSS_MEAN_KB - $IDLE_RSS_KB) * 1024 / series_live if series_live > 0 else float("nan")
+rss_per_series = ($RSS_MEAN_KB - $IDLE_RSS_KB) * 1024 / series_live
 ratios["rss_bytes_per_series"] = {"what": "RSS over the idle agent per live series (bytes)", "value": round(rss_per_series), "target": "", "verdict": ""}
 summary = {
     "build": "$BUILD_KIND",
     "machine": {"cpu": model, "cores": os.cpu_count(), "kernel": platform.release(),
                 "loadavg_start": "$LOADAVG_START", "loadavg_end": "$LOADAVG_END"},
     "store": "${BENCH_STORE:-new}",
-    "cpu_placement": "servers: $PLACEMENT (load)",
+    "cpu_placement": "$PLACEMENT",
     "load": {"gpus": $GPUS, "layers": $LAYERS, "blocks": $BLOCKS, "canaries": $CANARIES, "rate_hz": 1,
              "push_seconds": $SECONDS_PUSH, "warmup_seconds": $WARMUP, "backfill_seconds": $BACKFILL},
     "agent": {"cpu_pct_of_one_core": cpu, "cpu_idle_pct_of_one_core": $CPU_IDLE_PCT, "steady_seconds": round($STEADY_S, 1),
@@ -400,7 +414,7 @@ summary = {
               "vmhwm_push_mb": round(hwm_mb, 1), "vmhwm_end_mb": round($HWM_END_KB / 1024, 1),
               "rss_after_wrk_mb": round($RSS_AFTER_WRK_KB / 1024, 1),
               "ingest_rejected": $REJECTED, "ingest_shed": $SHED, "push_load_exit": $PUSH_RC},
-    "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $WRK_SECONDS, "rounds": rounds,
+    "wrk": {"threads": $WRK_THREADS, "connections": $WRK_CONNS, "seconds": $ROUND_SECONDS * rounds, "rounds": rounds,
             "scores_latest": latest, "scores_latest_gzip": latest_gzip, "scores_series": series,
             "one_connection": {"scores_latest": latest1, "scores_series": series1}},
     "targets": targets,

@@ -8,9 +8,11 @@
 # 1x is GROW_LAYERS (default 40) layers of one GPU; 4x and 16x add GPUs of the same shape,
 # so 16x is 640 layers (the node of bench-agent.sh's default load). The history stores are
 # written once by `omen fill-history` at 1x (about 10 s per simulated day on a 2-core
-# machine) and kept as target/bench-grow/history-<d>d.db; GROW_REFILL=1 writes them again.
+# machine) and kept as target/bench-grow/history-<d>d.db, written again when older than a
+# day (a fill ends when it ran: an older one would leave a gap before the pushes) or with
+# GROW_REFILL=1.
 # Each point is one shortened bench-agent.sh run (GROW_BACKFILL 120 s of pushes first,
-# GROW_SECONDS 60 s of 1 Hz pushes, wrk GROW_WRK_SECONDS 5 s per query) with health.interval
+# GROW_SECONDS 60 s of 1 Hz pushes, wrk GROW_WRK_SECONDS 9 s per query and side, in 3 rounds) with health.interval
 # 5s, so that the 50 s steady window holds about 10 ticks to time (the agent's default is 1m;
 # a tick's work does not depend on how often it runs).
 #
@@ -47,7 +49,7 @@ point() { # NAME GPUS [STORE]
     log "point $name: $gpus GPU(s) x $LAYERS layers${store:+, store $store}"
     BENCH_NO_BUILD=1 BENCH_GPUS=$gpus BENCH_LAYERS=$LAYERS BENCH_STORE=$store BENCH_HEALTH_INTERVAL=5s \
         BENCH_BACKFILL=${GROW_BACKFILL:-120} BENCH_SECONDS=${GROW_SECONDS:-60} BENCH_WARMUP=10 \
-        BENCH_WRK_SECONDS=${GROW_WRK_SECONDS:-5} BENCH_WRK1_SECONDS=3 BENCH_OUT="$OUT_DIR/$name.json" \
+        BENCH_WRK_SECONDS=${GROW_WRK_SECONDS:-9} BENCH_WRK1_SECONDS=3 BENCH_OUT="$OUT_DIR/$name.json" \
         bash scripts/bench-agent.sh >"$OUT_DIR/$name.txt" 2>"$OUT_DIR/$name.log" \
         || { tail -30 "$OUT_DIR/$name.log" >&2; die "bench-agent.sh failed at point $name (log: $OUT_DIR/$name.log)"; }
 }
@@ -57,7 +59,7 @@ for scale in 1 4 16; do
 done
 for days in 1 7 30; do
     store=$OUT_DIR/history-${days}d.db
-    if [[ ! -f $store || ${GROW_REFILL:-0} == 1 ]]; then
+    if [[ ! -f $store || ${GROW_REFILL:-0} == 1 || -n $(find "$store" -mmin +1440) ]]; then
         rm -f "$store" "$store-wal" "$store-shm"
         log "filling $days day(s) of history at 1x into $store (omen fill-history; progress once a simulated day)"
         RUST_LOG=info "$OMEN" fill-history --days "$days" --gpus 1 --layers "$LAYERS" --store "$store" \

@@ -74,15 +74,15 @@ impl Engine {
     pub(super) fn apply_retention(&mut self, now_ms: i64) -> Result<()> {
         if now_ms - self.last_retention_ms >= RETENTION_EVERY_MS {
             let st = &self.cfg.store;
+            // Before the call: it is not one transaction, so a failure part-way may already
+            // have deleted day aggregates that a cached forecast input still holds.
+            self.day_agg_generation += 1;
             let deleted = self.store.apply_retention(
                 now_ms,
                 st.raw_retention_days,
                 st.minute_retention_days,
                 st.day_retention_days,
             )?;
-            if deleted > 0 {
-                self.day_agg_generation += 1;
-            }
             // A bounded call that hit its bound may have left more: go on at the next tick.
             if deleted < omen_store::RETENTION_BLOCKS_PER_CALL {
                 self.last_retention_ms = now_ms;
