@@ -193,7 +193,8 @@ fn scalar_block(acc: &mut Accumulator, block: &[f32], offset: usize) -> Result<(
 /// shortens the chain: an 8-entry table for 2^(j/8) with a degree-3 polynomial,
 /// k taken directly from x, no floor when the block's range does not need it,
 /// and the exponent added as an integer. It reaches ~42 us (fastest criterion
-/// sample; 2.6x the hot read pass, 1.3x a DRAM-resident one); docs/benchmarks.md.
+/// sample; 2.6x the hot read pass, 1.3x a DRAM-resident one). A 16-entry table with a
+/// degree-2 polynomial was measured slower (docs/benchmarks.md, "Another look").
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
