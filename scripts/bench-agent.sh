@@ -117,9 +117,11 @@ print(",".join(map(str, cpus[:-1])) or "-", cpus[-1])
 ')
 PIN_SERVER=(); PIN_CLIENT=()
 PLACEMENT="unpinned"
+SERVER_CPU_COUNT=$(nproc)
 if [[ ${BENCH_PIN:-1} == 1 && $SERVER_CPUS != - ]] && command -v taskset >/dev/null; then
     PIN_SERVER=(taskset -c "$SERVER_CPUS"); PIN_CLIENT=(taskset -c "$CLIENT_CPU")
     PLACEMENT="servers on CPUs $SERVER_CPUS, pusher and wrk on CPU $CLIENT_CPU"
+    SERVER_CPU_COUNT=$(tr ',' '\n' <<<"$SERVER_CPUS" | wc -l)
     log "pinning: $PLACEMENT"
 fi
 
@@ -381,13 +383,22 @@ targets = {
 # Ratios to references measured in this run (these carry from machine to machine).
 def clean(w): return w["non_2xx"] == 0 and w["socket_errors"] == 0
 ratios = {}
+# A reference that does not keep its CPUs busy is held back by the client (wrk), not by its
+# own serving: then its req/s is a floor and the throughput ratio an upper bound.
+server_cpu_pct = 100.0 * $SERVER_CPU_COUNT
+client_bound = []
 for key, agent, label in (("latest", latest, "/scores/latest"), ("latest_gzip", latest_gzip, "/scores/latest gzip"), ("series", series, "/scores?signal=...")):
     r = ref[key]
     pairs = list(zip(agent["rounds"], r["rounds"]))
     tput = statistics.median(float(a["rps"]) / float(b["rps"]) for a, b in pairs)
     p99 = statistics.median(a["p99_ms"] / b["p99_ms"] for a, b in pairs)
+    busy = r["agent_cpu_pct"] / server_cpu_pct
+    if busy < 0.85:
+        client_bound.append(f"{label} reference {r['agent_cpu_pct']:.0f}% of {server_cpu_pct:.0f}%")
     ratios[f"{key}_throughput_vs_static"] = {"what": f"{label}: agent req/s / static same-size body req/s", "value": round(tput, 3),
-        "target": ">= 0.5", "verdict": verdict(tput >= 0.5 and clean(agent) and clean(r))}
+        "target": ">= 0.5", "verdict": verdict(tput >= 0.5 and clean(agent) and clean(r)),
+        "agent_cpu_pct": agent["agent_cpu_pct"], "reference_cpu_pct": r["agent_cpu_pct"], "server_cpu_pct": server_cpu_pct,
+        "reference_saturated": busy >= 0.85}
     ratios[f"{key}_p99_vs_static"] = {"what": f"{label}: agent p99 / static same-size body p99", "value": round(p99, 3),
         "target": "<= 2", "verdict": verdict(p99 <= 2.0 and clean(agent) and clean(r))}
 if samples <= 0 or series_live <= 0:
@@ -459,6 +470,10 @@ print("ratios to references measured in this run (same machine, same HTTP stack,
 w2 = max(len(r["what"]) for r in ratios.values())
 for r in ratios.values():
     print(f"{r['what']:<{w2}}  {r['value']:>10}  {r['target']:>6}  {r['verdict']}")
+print(f"server CPU use during wrk (% of one core, {server_cpu_pct:.0f} available): agent {latest['agent_cpu_pct']} / {latest_gzip['agent_cpu_pct']} / {series['agent_cpu_pct']}, "
+      f"reference {ref['latest']['agent_cpu_pct']} / {ref['latest_gzip']['agent_cpu_pct']} / {ref['series']['agent_cpu_pct']} (latest / gzip / series)")
+if client_bound:
+    print("warning: the client (wrk) bounds these references, so their req/s is a floor and the agent's throughput ratio an upper bound: " + "; ".join(client_bound))
 print(f"static reference: /scores/latest {float(ref['latest']['rps']):.0f} req/s p99 {ref['latest']['p99_ms']:.2f} ms; gzip {float(ref['latest_gzip']['rps']):.0f} req/s p99 {ref['latest_gzip']['p99_ms']:.2f} ms; /scores?... {float(ref['series']['rps']):.0f} req/s p99 {ref['series']['p99_ms']:.2f} ms")
 print(f"parser alone: {parse['parse_us_per_sample']:.3f} us/sample, {parse['parse_us_per_kv_map']:.3f} us/KV map (JSON scan {parse['json_scan_us_per_sample']:.3f} us/sample); "
       f"{samples:.0f} samples in {steady_s:.0f} s, {series_live} live series; {ticks:.0f} ticks in the window, mean {summary['per_sample']['tick_mean_ms']} ms")
