@@ -109,19 +109,20 @@ source scripts/bench-lib.sh
 # (pusher, wrk) gets the last. Both servers then meet the same conditions, and the
 # scheduler's shuffling of 200 clients' threads across all cores stops widening the tails
 # (two runs' ratios differed by up to 26% unpinned). BENCH_PIN=0 turns it off.
-# The CPUs this process may use (a container's cpuset need not start at 0), as "SERVER LOAD".
-read -r SERVER_CPUS CLIENT_CPU < <(python3 -c '
+# The CPUs this process may use (a container's cpuset need not start at 0), as
+# "SERVER-LIST LOAD SERVER-COUNT ALL-COUNT".
+read -r SERVER_CPUS CLIENT_CPU PINNED_SERVER_COUNT ALLOWED_CPU_COUNT < <(python3 -c '
 import os
 cpus = sorted(os.sched_getaffinity(0))
-print(",".join(map(str, cpus[:-1])) or "-", cpus[-1])
+print(",".join(map(str, cpus[:-1])) or "-", cpus[-1], len(cpus) - 1, len(cpus))
 ')
 PIN_SERVER=(); PIN_CLIENT=()
 PLACEMENT="unpinned"
-SERVER_CPU_COUNT=$(nproc)
+SERVER_CPU_COUNT=$ALLOWED_CPU_COUNT
 if [[ ${BENCH_PIN:-1} == 1 && $SERVER_CPUS != - ]] && command -v taskset >/dev/null; then
     PIN_SERVER=(taskset -c "$SERVER_CPUS"); PIN_CLIENT=(taskset -c "$CLIENT_CPU")
     PLACEMENT="servers on CPUs $SERVER_CPUS, pusher and wrk on CPU $CLIENT_CPU"
-    SERVER_CPU_COUNT=$(tr ',' '\n' <<<"$SERVER_CPUS" | wc -l)
+    SERVER_CPU_COUNT=$PINNED_SERVER_COUNT
     log "pinning: $PLACEMENT"
 fi
 
@@ -260,7 +261,7 @@ run_wrk() {
     bytes=$(wc -c <"$TMP/probe-$name.json")
     [[ -n $p50 && -n $p90 && -n $p99 && -n $rps && -n $reqs ]] || die "could not read wrk's output for $path"
     cpu=$(python3 -c "print(round(100.0 * ($c1 - $c0) / $CLK_TCK / ($t1 - $t0), 1))")
-    printf '{"path": "%s", "accept_encoding": "%s", "connections": %s, "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "agent_cpu_pct": %s}' \
+    printf '{"path": "%s", "accept_encoding": "%s", "connections": %s, "requests": %s, "rps": %s, "p50_ms": %s, "p90_ms": %s, "p99_ms": %s, "non_2xx": %s, "socket_errors": %s, "response_bytes": %s, "server_cpu_pct": %s}' \
         "$path" "$encoding" "$conns" "$reqs" "$rps" "$p50" "$p90" "$p99" "$non2xx" "$errs" "$bytes" "$cpu" >"$TMP/wrk-$name.json"
 }
 # start_ref NAME BODY [GZIP_BODY]: omen-static-serve on the saved answer; sets REF_URL, REF_PID.
@@ -348,7 +349,7 @@ def merged(name):
         m[key] = statistics.median(r[key] for r in runs)
     for key in ("requests", "non_2xx", "socket_errors"):
         m[key] = sum(int(r[key]) for r in runs)
-    m["agent_cpu_pct"] = round(statistics.mean(float(r["agent_cpu_pct"]) for r in runs), 1)
+    m["server_cpu_pct"] = round(statistics.mean(float(r["server_cpu_pct"]) for r in runs), 1)
     m["rounds"] = runs
     return m
 latest, latest_gzip, series = merged("latest"), merged("latest_gzip"), merged("series")
@@ -385,20 +386,20 @@ def clean(w): return w["non_2xx"] == 0 and w["socket_errors"] == 0
 ratios = {}
 # A reference that does not keep its CPUs busy is held back by the client (wrk), not by its
 # own serving: then its req/s is a floor and the throughput ratio an upper bound.
-server_cpu_pct = 100.0 * $SERVER_CPU_COUNT
+server_cpu_capacity_pct = 100.0 * $SERVER_CPU_COUNT
 client_bound = []
 for key, agent, label in (("latest", latest, "/scores/latest"), ("latest_gzip", latest_gzip, "/scores/latest gzip"), ("series", series, "/scores?signal=...")):
     r = ref[key]
     pairs = list(zip(agent["rounds"], r["rounds"]))
     tput = statistics.median(float(a["rps"]) / float(b["rps"]) for a, b in pairs)
     p99 = statistics.median(a["p99_ms"] / b["p99_ms"] for a, b in pairs)
-    busy = r["agent_cpu_pct"] / server_cpu_pct
-    if busy < 0.85:
-        client_bound.append(f"{label} reference {r['agent_cpu_pct']:.0f}% of {server_cpu_pct:.0f}%")
+    saturated = r["server_cpu_pct"] / server_cpu_capacity_pct >= 0.85
+    if not saturated:
+        client_bound.append(f"{label} reference {r['server_cpu_pct']:.0f}% of {server_cpu_capacity_pct:.0f}%")
     ratios[f"{key}_throughput_vs_static"] = {"what": f"{label}: agent req/s / static same-size body req/s", "value": round(tput, 3),
         "target": ">= 0.5", "verdict": verdict(tput >= 0.5 and clean(agent) and clean(r)),
-        "agent_cpu_pct": agent["agent_cpu_pct"], "reference_cpu_pct": r["agent_cpu_pct"], "server_cpu_pct": server_cpu_pct,
-        "reference_saturated": busy >= 0.85}
+        "agent_cpu_pct": agent["server_cpu_pct"], "reference_cpu_pct": r["server_cpu_pct"], "server_cpu_capacity_pct": server_cpu_capacity_pct,
+        "reference_saturated": saturated}
     ratios[f"{key}_p99_vs_static"] = {"what": f"{label}: agent p99 / static same-size body p99", "value": round(p99, 3),
         "target": "<= 2", "verdict": verdict(p99 <= 2.0 and clean(agent) and clean(r))}
 if samples <= 0 or series_live <= 0:
@@ -470,8 +471,8 @@ print("ratios to references measured in this run (same machine, same HTTP stack,
 w2 = max(len(r["what"]) for r in ratios.values())
 for r in ratios.values():
     print(f"{r['what']:<{w2}}  {r['value']:>10}  {r['target']:>6}  {r['verdict']}")
-print(f"server CPU use during wrk (% of one core, {server_cpu_pct:.0f} available): agent {latest['agent_cpu_pct']} / {latest_gzip['agent_cpu_pct']} / {series['agent_cpu_pct']}, "
-      f"reference {ref['latest']['agent_cpu_pct']} / {ref['latest_gzip']['agent_cpu_pct']} / {ref['series']['agent_cpu_pct']} (latest / gzip / series)")
+print(f"server CPU use during wrk (% of one core, {server_cpu_capacity_pct:.0f} available): agent {latest['server_cpu_pct']} / {latest_gzip['server_cpu_pct']} / {series['server_cpu_pct']}, "
+      f"reference {ref['latest']['server_cpu_pct']} / {ref['latest_gzip']['server_cpu_pct']} / {ref['series']['server_cpu_pct']} (latest / gzip / series)")
 if client_bound:
     print("warning: the client (wrk) bounds these references, so their req/s is a floor and the agent's throughput ratio an upper bound: " + "; ".join(client_bound))
 print(f"static reference: /scores/latest {float(ref['latest']['rps']):.0f} req/s p99 {ref['latest']['p99_ms']:.2f} ms; gzip {float(ref['latest_gzip']['rps']):.0f} req/s p99 {ref['latest_gzip']['p99_ms']:.2f} ms; /scores?... {float(ref['series']['rps']):.0f} req/s p99 {ref['series']['p99_ms']:.2f} ms")
