@@ -12,7 +12,7 @@
 
 use anyhow::{Context, Result};
 use omen_signals::MINUTE_MS;
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::{params, OptionalExtension};
 
 use crate::minutes::MinuteFold;
 use crate::Store;
@@ -327,13 +327,13 @@ pub struct Compaction {
 }
 
 /// Reads the block of series `id` at `start` in `table`, if any.
-fn block_bytes(tx: &Transaction<'_>, table: &str, id: i64, start: i64) -> Result<Option<Vec<u8>>> {
+fn block_bytes(tx: &rusqlite::Connection, table: &str, id: i64, start: i64) -> Result<Option<Vec<u8>>> {
     let sql = format!("SELECT data FROM {table} WHERE series_id = ?1 AND start_ms = ?2");
     Ok(tx.prepare_cached(&sql)?.query_row(params![id, start], |r| r.get(0)).optional()?)
 }
 
 /// Moves the raw rows of series `id` in [start, start + RAW_BLOCK_MS) into its block; returns the rows moved.
-fn seal_raw(tx: &Transaction<'_>, id: i64, start: i64) -> Result<usize> {
+fn seal_raw(tx: &rusqlite::Connection, id: i64, start: i64) -> Result<usize> {
     let end = start + RAW_BLOCK_MS;
     let mut rows = RawBlock::default();
     {
@@ -366,7 +366,7 @@ fn seal_raw(tx: &Transaction<'_>, id: i64, start: i64) -> Result<usize> {
 }
 
 /// Moves the minute rows of series `id` in [start, start + MINUTE_BLOCK_MS) into its block; returns the rows moved.
-fn seal_minutes(tx: &Transaction<'_>, id: i64, start: i64) -> Result<usize> {
+fn seal_minutes(tx: &rusqlite::Connection, id: i64, start: i64) -> Result<usize> {
     let end = start + MINUTE_BLOCK_MS;
     let mut rows = MinuteBlock::default();
     {
@@ -406,7 +406,7 @@ fn seal_minutes(tx: &Transaction<'_>, id: i64, start: i64) -> Result<usize> {
 }
 
 /// The oldest row of series `id` left in a tier's row table.
-fn oldest_row(tx: &Transaction<'_>, tier: Tier, id: i64) -> Result<Option<i64>> {
+fn oldest_row(tx: &rusqlite::Connection, tier: Tier, id: i64) -> Result<Option<i64>> {
     let sql = match tier {
         Tier::Raw => "SELECT MIN(ts_ms) FROM samples WHERE series_id = ?1",
         Tier::Minute => "SELECT MIN(minute_ms) FROM minute_agg WHERE series_id = ?1",
@@ -441,7 +441,7 @@ impl Store {
         work.sort_unstable();
         work.truncate(max_blocks);
         let mut next: Vec<(i64, Tier, Option<i64>)> = Vec::with_capacity(work.len());
-        let tx = w.conn.transaction()?;
+        let tx = w.conn.savepoint()?;
         for &(start, tier, id) in &work {
             done.rows += match tier {
                 Tier::Raw => seal_raw(&tx, id, start)?,
@@ -669,8 +669,11 @@ mod tests {
         let c = store.compact_all(until + 10 * MINUTE_MS).unwrap();
         assert_eq!(c.blocks, 2 * 2, "two raw hours of two series; no six-hour minute span has ended");
         assert_eq!(c.rows as i64, 2 * 2 * 120);
-        let sealed: i64 =
-            store.reader().query_row("SELECT COUNT(*) FROM sample_blocks", [], |r| r.get(0)).unwrap();
+        let sealed: i64 = store
+            .reader()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM sample_blocks", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(sealed, 4);
         store.roll_up_days(T0, T0 + DAY_MS).unwrap();
         let after = views(&store, until);
@@ -695,6 +698,7 @@ mod tests {
         assert_close(&after.1, &before.1);
         let rows: i64 = store
             .reader()
+            .unwrap()
             .query_row("SELECT (SELECT COUNT(*) FROM samples) + (SELECT COUNT(*) FROM minute_agg)", [], |r| {
                 r.get(0)
             })
@@ -741,8 +745,11 @@ mod tests {
         };
         check("rows and the open minute");
         store.compact_all(t + 10 * MINUTE_MS).unwrap();
-        let blocks: i64 =
-            store.reader().query_row("SELECT COUNT(*) FROM minute_blocks", [], |r| r.get(0)).unwrap();
+        let blocks: i64 = store
+            .reader()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM minute_blocks", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(blocks, 2);
         check("blocks, rows and the open minute");
         // Late samples of a sealed hour land in rows beside its block.
@@ -875,6 +882,7 @@ mod tests {
         store.apply_retention(T0 + DAY_MS + 5_400_000, 1, 30, 30).unwrap();
         let starts: Vec<i64> = store
             .reader()
+            .unwrap()
             .prepare("SELECT DISTINCT start_ms FROM sample_blocks ORDER BY 1")
             .unwrap()
             .query_map([], |r| r.get(0))
@@ -896,7 +904,7 @@ mod tests {
         store.flush().unwrap();
         store.compact_all(T0 + DAY_MS).unwrap();
         let blocks = |store: &Store| -> i64 {
-            store.reader().query_row("SELECT COUNT(*) FROM sample_blocks", [], |r| r.get(0)).unwrap()
+            store.reader().unwrap().query_row("SELECT COUNT(*) FROM sample_blocks", [], |r| r.get(0)).unwrap()
         };
         assert_eq!(blocks(&store), n as i64);
         let later = T0 + 30 * DAY_MS;

@@ -65,6 +65,12 @@ impl Store {
                         catalog.entry(key.signal).or_default().push((id, key.labels));
                     }
                 }
+                if w.offline {
+                    w.held_writes += 1;
+                    if w.held_writes >= crate::HELD_WRITES_MAX {
+                        w.commit_held()?;
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
@@ -88,9 +94,10 @@ impl Store {
     /// Writes every open minute aggregate (at shutdown); returns the rows written.
     pub fn flush(&self) -> Result<usize> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let written = flush_open_minutes(&mut w);
+        let written = flush_open_minutes(&mut w)?;
+        w.commit_held()?;
         self.changed();
-        written
+        Ok(written)
     }
 }
 
@@ -105,7 +112,7 @@ fn insert_batch(
     ids: &mut [Option<SeriesId>],
 ) -> Result<()> {
     let Writer { conn, series_ids, minutes, newest_minute, open_view, .. } = w;
-    let tx = conn.transaction()?;
+    let tx = conn.savepoint()?;
     // Decimated samples folded into open minutes, for minute_log (see the module doc).
     let mut logged: Vec<u8> = Vec::new();
     let mut logged_minute = i64::MIN;
@@ -242,8 +249,17 @@ mod tests {
 
     #[test]
     fn a_failed_batch_leaves_the_open_minutes_as_committed() {
+        a_failed_batch_rolls_back_alone(Store::open);
+    }
+
+    #[test]
+    fn a_failed_batch_of_an_offline_store_rolls_back_alone() {
+        a_failed_batch_rolls_back_alone(Store::open_offline);
+    }
+
+    fn a_failed_batch_rolls_back_alone(open: fn(&std::path::Path) -> anyhow::Result<Store>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let store = open(&dir.path().join("omen.db")).unwrap();
         let t0 = 1_793_577_600_000;
         store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
         // NaN binds as NULL and violates NOT NULL: the whole batch rolls back, including

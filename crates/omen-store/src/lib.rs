@@ -9,6 +9,11 @@
 //!
 //! One `Store` at a time per database file: a second one would hold the same open minutes.
 //!
+//! An offline store ([`Store::open_offline`], for replays whose output can be rebuilt)
+//! holds its writes in one open transaction and commits before every read, on flush and
+//! every [`HELD_WRITES_MAX`] batches: a replay commits about once an hour of trace time
+//! instead of three times a minute, and reads see every write made before them.
+//!
 //! Modules: `schema` (tables, connections, meta rows), `minutes` (minute folding, the
 //! minute log and crash recovery), `insert` (batches), `blocks` (sealed history in
 //! compressed blocks), `query` (readers and queries), `retention` (day roll-up and deletion).
@@ -62,6 +67,9 @@ pub fn explain_write_error(e: &anyhow::Error, path: &Path) -> String {
 /// Page cache of the writer connection, KiB (see [`Store::open`]).
 const WRITER_CACHE_KIB: i64 = 16 * 1024;
 
+/// An offline store commits at least once per this many batches, so that its WAL stays small.
+pub const HELD_WRITES_MAX: usize = 4096;
+
 /// Identity of a stored series, as [`Store::insert_with_ids`] hands it out.
 pub type SeriesId = i64;
 
@@ -75,6 +83,8 @@ pub struct Store {
     readers: ReaderPool,
     /// Committed series, so that a range query reads only the series its matchers select.
     catalog: RwLock<Catalog>,
+    /// Opened with [`Store::open_offline`]: reads commit the held writes first.
+    offline: bool,
     /// Newest committed sample time, raw or folded into a minute (i64::MIN: none).
     latest_stored_ts: AtomicI64,
     /// Bumped after every committed change, so readers can cache what they read.
@@ -94,6 +104,26 @@ struct Writer {
     log_floor: i64,
     /// The store's [`OpenView`]: every commit that changes `minutes[..].open` publishes it here.
     open_view: Arc<RwLock<OpenView>>,
+    /// Offline store: a transaction is held open between commit points.
+    offline: bool,
+    /// Batches written since the held transaction began.
+    held_writes: usize,
+}
+
+impl Writer {
+    /// Commits an offline store's held transaction and begins the next (no-op otherwise).
+    fn commit_held(&mut self) -> Result<()> {
+        if !self.offline {
+            return Ok(());
+        }
+        let committed = if self.conn.is_autocommit() { Ok(()) } else { self.conn.execute_batch("COMMIT") };
+        self.held_writes = 0;
+        // A failed COMMIT may leave the transaction open; only begin one where none is.
+        if self.conn.is_autocommit() {
+            self.conn.execute_batch("BEGIN").context("cannot begin the offline store's transaction")?;
+        }
+        committed.context("cannot commit the offline store's held writes")
+    }
 }
 
 impl Store {
@@ -158,13 +188,32 @@ impl Store {
                 newest_minute: i64::MIN,
                 log_floor: i64::MIN,
                 open_view: open_view.clone(),
+                offline: false,
+                held_writes: 0,
             }),
             readers,
             catalog: RwLock::new(catalog),
+            offline: false,
             latest_stored_ts: AtomicI64::new(latest.unwrap_or(i64::MIN)),
             generation: AtomicU64::new(0),
             open_view,
         })
+    }
+
+    /// Opens the store at `path` for offline work (replay, evaluation): writes are held in
+    /// one transaction and committed before each read, on [`Store::flush`], every
+    /// [`HELD_WRITES_MAX`] batches and on drop. Reads see every write made before them, but a
+    /// crash loses the writes since the last commit point, so use it only where the output
+    /// can be rebuilt; the agent's own store is opened with [`Store::open`].
+    pub fn open_offline(path: &Path) -> Result<Self> {
+        let mut store = Self::open(path)?;
+        store.offline = true;
+        let w = store.writer.get_mut().unwrap_or_else(|e| e.into_inner());
+        w.offline = true;
+        // Each batch's savepoint journals the pages it changes; in memory, not a temp file.
+        w.conn.pragma_update(None, "temp_store", "MEMORY")?;
+        w.commit_held()?;
+        Ok(store)
     }
 
     /// File path of the database.
@@ -172,9 +221,13 @@ impl Store {
         &self.path
     }
 
-    /// A reader connection from the pool (waits while all are lent out).
-    fn reader(&self) -> PooledReader<'_> {
-        self.readers.get()
+    /// A reader connection from the pool (waits while all are lent out). An offline store
+    /// commits its held writes first, so that the read sees them.
+    fn reader(&self) -> Result<PooledReader<'_>> {
+        if self.offline {
+            self.writer.lock().unwrap_or_else(|e| e.into_inner()).commit_held()?;
+        }
+        Ok(self.readers.get())
     }
 
     /// A number that changes after every committed write: two reads at the same
@@ -198,6 +251,12 @@ impl Drop for Store {
                 "store {}: open minute aggregates not written at close: {e:#}",
                 self.path.display()
             );
+        }
+        // An offline store's held writes would roll back when the connection closes.
+        if w.offline && !w.conn.is_autocommit() {
+            if let Err(e) = w.conn.execute_batch("COMMIT") {
+                tracing::warn!("store {}: held writes not committed at close: {e:#}", self.path.display());
+            }
         }
     }
 }
@@ -224,5 +283,62 @@ mod tests {
         store.apply_retention(t0 + 400 * DAY_MS, 1, 1, 1).unwrap();
         seen.push(store.generation());
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    }
+
+    /// Rows of `table` as another process sees them (committed only).
+    fn committed_rows(path: &Path, table: &str) -> i64 {
+        let conn = Connection::open(path).unwrap();
+        conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn an_offline_store_commits_at_reads_and_close_and_reads_like_a_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (offline_path, plain_path) = (dir.path().join("offline.db"), dir.path().join("plain.db"));
+        let t0 = 1_793_577_600_000;
+        let batches: Vec<Vec<_>> = (0..180)
+            .map(|i| {
+                vec![sample(t0 + i * 20_000, "kv", "0", i as f64), sample(t0 + i * 20_000, "kv", "1", 0.5)]
+            })
+            .collect();
+        let plain = Store::open(&plain_path).unwrap();
+        let offline = Store::open_offline(&offline_path).unwrap();
+        for b in &batches {
+            plain.insert(b).unwrap();
+            offline.insert(b).unwrap();
+        }
+        // Held: nothing committed yet, while the plain store committed every batch.
+        assert_eq!(committed_rows(&offline_path, "samples"), 0);
+        assert_eq!(committed_rows(&plain_path, "samples"), 360);
+        // A read commits first and sees every write.
+        assert_eq!(offline.count("kv").unwrap(), 360);
+        assert_eq!(committed_rows(&offline_path, "samples"), 360);
+        let range = |s: &Store| {
+            s.range("kv", &BTreeMap::new(), t0, t0 + 3_600_000, 60_000, Resolution::Minute).unwrap()
+        };
+        assert_eq!(range(&offline), range(&plain));
+        // Writes after the last read are committed on close.
+        offline.insert(&[sample(t0 + 3_600_000, "kv", "0", 9.0)]).unwrap();
+        drop(offline);
+        assert_eq!(committed_rows(&offline_path, "samples"), 361);
+        let reopened = Store::open(&offline_path).unwrap();
+        plain.insert(&[sample(t0 + 3_600_000, "kv", "0", 9.0)]).unwrap();
+        plain.flush().unwrap();
+        assert_eq!(range(&reopened), range(&plain));
+        assert_eq!(reopened.count("kv").unwrap(), 361);
+    }
+
+    #[test]
+    fn an_offline_store_commits_after_its_batch_bound_without_a_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("offline.db");
+        let store = Store::open_offline(&path).unwrap();
+        let t0 = 1_793_577_600_000;
+        for i in 0..HELD_WRITES_MAX as i64 {
+            store.insert(&[sample(t0 + i * 1000, "kv", "0", 1.0)]).unwrap();
+        }
+        assert_eq!(committed_rows(&path, "samples"), HELD_WRITES_MAX as i64);
+        store.insert(&[sample(t0 - 1000, "kv", "0", 1.0)]).unwrap();
+        assert_eq!(committed_rows(&path, "samples"), HELD_WRITES_MAX as i64);
     }
 }

@@ -266,7 +266,7 @@ pub(crate) fn close_stale_minutes(w: &mut Writer) -> Result<()> {
 /// Writes every open minute before `before` as its row and deletes the log rows of
 /// minutes before it, in one transaction; returns the rows written.
 fn write_open_minutes(w: &mut Writer, before: i64) -> Result<usize> {
-    let tx = w.conn.transaction()?;
+    let tx = w.conn.savepoint()?;
     let mut closed = Vec::new();
     {
         let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
@@ -319,7 +319,7 @@ mod tests {
         }
         // Minute t0 was written when minute t0 + 1 began; the open one at flush.
         assert_eq!(store.flush().unwrap(), 2);
-        let conn = store.reader();
+        let conn = store.reader().unwrap();
         let rows: Vec<(i64, i64, f64, f64, f64, f64)> = conn
             .prepare(
                 "SELECT minute_ms, count, sum, min, max, last FROM minute_agg ORDER BY series_id, minute_ms",
@@ -446,7 +446,7 @@ mod tests {
         let store = Store::open(&path).unwrap();
         let m = store.range("kv", &BTreeMap::new(), t0, t0 + 600_000, 60_000, Resolution::Minute).unwrap();
         let counts: i64 =
-            store.reader().query_row("SELECT SUM(count) FROM minute_agg", [], |r| r.get(0)).unwrap();
+            store.reader().unwrap().query_row("SELECT SUM(count) FROM minute_agg", [], |r| r.get(0)).unwrap();
         // Written rows plus the open minute of series "1" (60 samples, rebuilt) hold all 630.
         let open: i64 =
             store.writer.lock().unwrap().minutes.iter().filter_map(|(_, m)| m.open.map(|o| o.1.count)).sum();

@@ -175,7 +175,7 @@ impl Store {
         from_day_ms: i64,
         until_day_ms: i64,
     ) -> Result<Vec<DayAggregate>> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare_cached(
             "SELECT s.labels, d.day_ms, d.count, d.sum, d.min, d.max, d.p50, d.p95, d.p99 FROM day_agg d
              JOIN series s ON s.id = d.series_id WHERE s.signal = ?1 AND d.day_ms >= ?2 AND d.day_ms < ?3 ORDER BY d.day_ms",
@@ -263,7 +263,7 @@ impl Store {
             Resolution::Hour => (ceil_hour(since_ms), ceil_hour(until_ms)),
             _ => (since_ms, until_ms),
         };
-        let conn = self.reader();
+        let conn = self.reader()?;
         // One read transaction: every series is read from the same committed snapshot.
         let tx = conn.unchecked_transaction()?;
         let mut open: HashMap<i64, (i64, MinuteFold)> = HashMap::new();
@@ -346,7 +346,7 @@ impl Store {
 
     /// Number of raw samples stored (rows and blocks).
     pub fn raw_sample_count(&self) -> Result<i64> {
-        Ok(self.reader().query_row(
+        Ok(self.reader()?.query_row(
             "SELECT (SELECT COUNT(*) FROM samples) + (SELECT COALESCE(SUM(count), 0) FROM sample_blocks)",
             [],
             |r| r.get(0),
@@ -355,7 +355,7 @@ impl Store {
 
     /// Raw samples stored for `signal` (rows and blocks).
     pub fn count(&self, signal: &str) -> Result<i64> {
-        Ok(self.reader().query_row(
+        Ok(self.reader()?.query_row(
             "SELECT (SELECT COUNT(*) FROM samples x JOIN series s ON s.id = x.series_id WHERE s.signal = ?1)
                   + (SELECT COALESCE(SUM(b.count), 0) FROM sample_blocks b JOIN series s ON s.id = b.series_id WHERE s.signal = ?1)",
             [signal],
@@ -365,12 +365,12 @@ impl Store {
 
     /// Earliest raw timestamp stored, if any.
     pub fn earliest_ts(&self) -> Result<Option<i64>> {
-        oldest_raw_ts(&self.reader())
+        oldest_raw_ts(&*self.reader()?)
     }
 
     /// Names of the signals that have series in the store, sorted.
     pub fn signals(&self) -> Result<Vec<String>> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         let mut stmt = conn.prepare_cached("SELECT DISTINCT signal FROM series ORDER BY signal")?;
         let names = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
         Ok(names)

@@ -50,7 +50,7 @@ impl Store {
         ids.truncate(max_series);
         let visited = ids.len();
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = w.conn.transaction()?;
+        let tx = w.conn.savepoint()?;
         let mut written = 0;
         {
             let mut rows = tx.prepare_cached(

@@ -91,7 +91,7 @@ pub(crate) fn labels_json(labels: &BTreeMap<String, String>) -> String {
 impl Store {
     /// Reads a value from the meta table.
     pub fn meta(&self, key: &str) -> Result<Option<String>> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         Ok(conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?)
     }
 
@@ -104,7 +104,7 @@ impl Store {
 
     /// The stored reference answer of a canary.
     pub fn canary_reference(&self, canary: &str) -> Result<Option<String>> {
-        let conn = self.reader();
+        let conn = self.reader()?;
         Ok(conn
             .query_row("SELECT reference FROM canary_reference WHERE canary = ?1", [canary], |r| r.get(0))
             .optional()?)

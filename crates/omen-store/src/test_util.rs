@@ -15,7 +15,7 @@ pub(crate) type MinuteRow = (i64, i64, i64, f64, f64, f64, f64);
 
 /// The stored minute rows, by series and minute.
 pub(crate) fn minute_rows(store: &Store) -> Vec<MinuteRow> {
-    let conn = store.reader();
+    let conn = store.reader().unwrap();
     let mut stmt = conn
         .prepare("SELECT series_id, minute_ms, count, sum, min, max, last FROM minute_agg ORDER BY series_id, minute_ms")
         .unwrap();
@@ -27,7 +27,7 @@ pub(crate) fn minute_rows(store: &Store) -> Vec<MinuteRow> {
 
 /// The minute aggregates recomputed from the raw samples, in the same form.
 pub(crate) fn minute_rows_from_raw(store: &Store) -> Vec<MinuteRow> {
-    let conn = store.reader();
+    let conn = store.reader().unwrap();
     let mut stmt =
         conn.prepare("SELECT series_id, ts_ms, value FROM samples ORDER BY series_id, ts_ms, rowid").unwrap();
     let raw: Vec<(i64, i64, f64)> = stmt
@@ -54,5 +54,5 @@ pub(crate) fn minute_rows_from_raw(store: &Store) -> Vec<MinuteRow> {
 
 /// Rows in `minute_log`: how much a crash would have to replay.
 pub(crate) fn log_rows(store: &Store) -> i64 {
-    store.reader().query_row("SELECT COUNT(*) FROM minute_log", [], |r| r.get(0)).unwrap()
+    store.reader().unwrap().query_row("SELECT COUNT(*) FROM minute_log", [], |r| r.get(0)).unwrap()
 }
