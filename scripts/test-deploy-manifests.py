@@ -24,9 +24,10 @@ PyYAML, dockerfile) and, for rendering, `kubectl` (its built-in kustomize).
    probe on /healthz of its `metrics` port 9465 and no readiness or startup probe
    (its health never takes vLLM out of its Service), is a native sidecar
    (init container, restartPolicy Always) in the base and a plain container in
-   the overlay, mounts the PVC at
+   the overlay, mounts an emptyDir with a size limit at
    /var/lib/omen and the config at /etc/omen; omen.yaml listens on
-   127.0.0.1:9464 and 0.0.0.0:9465; vLLM runs vllm/vllm-openai with a GPU
+   127.0.0.1:9464 and 0.0.0.0:9465 and backfills history from an http://
+   Prometheus (history.prometheus_url), so that no pod needs a volume of its own; vLLM runs vllm/vllm-openai with a GPU
    limit; the PodMonitor and Service select the pod and name existing ports.
 4. deploy/Dockerfile, parsed with the `dockerfile` package (Docker's own Go
    parser): multi-stage, rust:1-bookworm builder running
@@ -287,7 +288,7 @@ def probe_problems(c, kind, path, port_name):
     return []
 
 
-def check_omen_container(c, pod_spec, pvcs, cms, native):
+def check_omen_container(c, pod_spec, cms, native):
     errs = []
     if c is None:
         return ["no container named 'omen'"]
@@ -320,9 +321,9 @@ def check_omen_container(c, pod_spec, pvcs, cms, native):
     mounts = {m.get("mountPath"): m for m in c.get("volumeMounts", [])}
     vols = {v.get("name"): v for v in pod_spec.get("volumes", [])}
     store = mounts.get("/var/lib/omen")
-    claim = ((vols.get(store.get("name")) or {}).get("persistentVolumeClaim") or {}).get("claimName") if store else None
-    if not store or claim not in pvcs:
-        errs.append(f"/var/lib/omen must be a mount of a PVC defined in the base (claim {claim!r}, PVCs {sorted(pvcs)})")
+    empty = (vols.get(store.get("name")) or {}).get("emptyDir") if store else None
+    if not store or empty is None or not empty.get("sizeLimit"):
+        errs.append(f"/var/lib/omen must be a mount of an emptyDir with a sizeLimit (got {vols.get(store.get('name')) if store else None})")
     cfg = mounts.get("/etc/omen")
     cm_name = ((vols.get(cfg.get("name")) or {}).get("configMap") or {}).get("name") if cfg else None
     if not cfg or cm_name not in cms:
@@ -341,6 +342,9 @@ def check_omen_container(c, pod_spec, pvcs, cms, native):
             errs.append(f"omen.yaml http.listen must be 127.0.0.1:9464, got {http.get('listen')!r}")
         if http.get("metrics_listen") != "0.0.0.0:9465":
             errs.append(f"omen.yaml http.metrics_listen must be 0.0.0.0:9465, got {http.get('metrics_listen')!r}")
+        url = (conf.get("history") or {}).get("prometheus_url") or ""
+        if not url.startswith("http://"):
+            errs.append(f"omen.yaml history.prometheus_url must be an http:// Prometheus (the store is an emptyDir), got {url!r}")
         args = " ".join(c.get("args", []) + c.get("command", []))
         if "/etc/omen/omen.yaml" not in args:
             errs.append(f"omen args do not point at /etc/omen/omen.yaml: {args!r}")
@@ -377,9 +381,8 @@ def check_manifests(objs, native=True):
     pod = dep["spec"]["template"]
     spec = pod["spec"]
     pod_labels = pod.get("metadata", {}).get("labels", {})
-    pvcs = {o["metadata"]["name"]: o for o in by_kind(objs, "PersistentVolumeClaim")}
     cms = {o["metadata"]["name"]: o for o in by_kind(objs, "ConfigMap")}
-    e = check_omen_container(container(spec, "omen"), spec, pvcs, cms, native)
+    e = check_omen_container(container(spec, "omen"), spec, cms, native)
     form = "native sidecar" if native else "plain container"
     report(not e, f"omen {form}: non-root, read-only, no capabilities, resources, liveness only, ports, mounts, config", e)
     e = check_vllm_container(container(spec, "vllm"))
@@ -430,7 +433,7 @@ def check_manifests(objs, native=True):
             if (md.get("labels") or {}).get(lk) != lv:
                 e.append(f"{key(o)}: missing common label {lk}={lv}")
     kinds = sorted(o["kind"] for o in objs)
-    want = ["ConfigMap", "ConfigMap", "Deployment", "PersistentVolumeClaim", "PodMonitor", "PrometheusRule", "Service"]
+    want = ["ConfigMap", "ConfigMap", "Deployment", "PodMonitor", "PrometheusRule", "Service"]
     if kinds != sorted(want):
         e.append(f"unexpected set of kinds {kinds}")
     report(not e, "namespace and common labels on every object; expected kinds", e)

@@ -1,6 +1,7 @@
 //! `omen.yaml`: every key has a default; `omen check-config` reports every bad
 //! field by its path with the fix. Secrets come from environment variables.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,6 +26,8 @@ pub struct Config {
     pub health: HealthConfig,
     /// Time-to-breach forecasts.
     pub forecast: ForecastConfig,
+    /// Where a new store's forecast history comes from (a Prometheus that scraped omen).
+    pub history: HistoryConfig,
     /// The coupled latency model in /scores/latest (`omen explain` runs it on any window).
     pub explain: ExplainConfig,
     /// OTLP export.
@@ -397,6 +400,35 @@ impl Default for ForecastConfig {
     }
 }
 
+/// `history`: an agent that starts with no day aggregates in its store reads them from a
+/// Prometheus that scraped its earlier life, so that its forecasts start at once.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Prometheus' HTTP root, e.g. `http://prometheus:9090` (http only); unset: no backfill.
+    pub prometheus_url: Option<String>,
+    /// Exact label matches selecting this agent's series, e.g. `{namespace: llm, service: vllm}`.
+    pub match_labels: BTreeMap<String, String>,
+    /// Labels Prometheus adds that the agent's own series lack; dropped from backfilled series.
+    pub drop_labels: Vec<String>,
+    /// Longest wait for one Prometheus query.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            prometheus_url: None,
+            match_labels: BTreeMap::new(),
+            drop_labels: ["job", "instance", "pod", "namespace", "container", "endpoint", "service"]
+                .map(String::from)
+                .to_vec(),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
 /// One SLO: a daily indicator and the threshold it must not cross.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -568,6 +600,7 @@ impl Config {
         validate_limits(&self.limits, &mut p);
         validate_health(&self.health, &mut p);
         validate_forecast(&self.forecast, &mut p);
+        validate_history(&self.history, &mut p);
         validate_explain(&self.explain, &mut p);
         if let Some(m) = &self.model {
             validate_model(m, &mut p);
@@ -630,6 +663,33 @@ fn validate_store(s: &StoreConfig, f: &ForecastConfig, p: &mut Problems) {
             "store.day_retention_days",
             format!("must be >= forecast.lookback_days + forecast.worst_of_days - 1 ({forecast_days})"),
         );
+    }
+}
+
+/// `history`: an http URL, label names Prometheus accepts, a positive timeout.
+fn validate_history(h: &HistoryConfig, p: &mut Problems) {
+    if let Some(url) = &h.prometheus_url {
+        if !url.starts_with("http://") || reqwest::Url::parse(url).is_err() {
+            p.bad(
+                "history.prometheus_url",
+                format!("{url:?} is not an http:// URL (this build has no TLS); write e.g. http://prometheus:9090"),
+            );
+        }
+    }
+    let label_name = |n: &str| {
+        n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    for name in h.match_labels.keys() {
+        if !label_name(name) {
+            p.bad(
+                &format!("history.match_labels.{name}"),
+                "is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)",
+            );
+        }
+    }
+    if h.timeout.is_zero() {
+        p.bad("history.timeout", "must be positive, e.g. 30s");
     }
 }
 
@@ -961,6 +1021,20 @@ mod tests {
         let e = Config::from_yaml("signals: {detector: htm}\n").unwrap_err();
         assert!(e[0].path.starts_with("signals.detector"), "{e:?}");
         assert!(e[0].message.contains("novelty_surprise") && e[0].message.contains("window"), "{e:?}");
+    }
+
+    #[test]
+    fn history_problems_name_their_fields() {
+        let e = Config::from_yaml(
+            "history:\n  prometheus_url: https://prom:9090\n  match_labels: {ok_name: a, bad-name: b}\n  timeout: 0s\n",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["history.prometheus_url", "history.match_labels.bad-name", "history.timeout"]);
+        assert!(e[0].message.contains("http://"), "{}", e[0].message);
+        let cfg = Config::from_yaml("history:\n  prometheus_url: http://prom:9090\n").unwrap();
+        assert_eq!(cfg.history.prometheus_url.as_deref(), Some("http://prom:9090"));
+        assert!(cfg.history.drop_labels.iter().any(|l| l == "pod"));
     }
 
     #[test]

@@ -119,6 +119,11 @@ pub async fn start(cfg: Config) -> Result<Agent> {
     }
     let store = Arc::new(store);
     info!(path = %store.path().display(), "store open");
+    // Before the engine reads its first forecast inputs; a failure only costs the backfill.
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    if let Err(e) = crate::history::backfill(&cfg, &store, now_ms).await {
+        warn!("history: no backfill ({e:#}); the forecasts start from this agent's own samples");
+    }
     // Before anything starts, so that a bad model folder fails start-up.
     let worker = start_worker(&cfg)?;
     let semantic = semantic::load(&cfg, worker.as_ref()).await?;

@@ -1,5 +1,6 @@
 //! Keeping the history bounded: day aggregates rolled up from raw samples (they outlive
-//! the raw ones for the forecasts), and deletion of what is past its retention.
+//! the raw ones for the forecasts) or written from elsewhere (a backfill), and deletion
+//! of what is past its retention.
 
 use std::sync::atomic::Ordering;
 
@@ -7,8 +8,11 @@ use anyhow::Result;
 use omen_signals::{quantile_linear, DAY_MS};
 use rusqlite::params;
 
+use omen_sources::SeriesKey;
+
 use crate::blocks::{newest_raw_ts, raw_from_blocks, MINUTE_BLOCK_MS, RAW_BLOCK_MS};
-use crate::Store;
+use crate::schema::labels_json;
+use crate::{DayAggregate, Store, Writer};
 
 /// Blocks of each tier one [`Store::apply_retention`] call deletes at most: an hour of
 /// raw blocks of 8 GPUs x 80 layers (values and anomaly scores).
@@ -91,6 +95,70 @@ impl Store {
         Ok(RollUp { written, visited, next_id })
     }
 
+    /// Whether the store holds any day aggregate (a new or emptied store holds none).
+    pub fn has_day_aggregates(&self) -> Result<bool> {
+        Ok(self.reader()?.query_row("SELECT EXISTS (SELECT 1 FROM day_agg)", [], |r| r.get(0))?)
+    }
+
+    /// Writes day aggregates computed elsewhere (a backfill from Prometheus), creating their
+    /// series, in one transaction; a day already stored for a series is replaced. Returns
+    /// the rows written. Rows with a count below 1 or a non-finite statistic are refused.
+    pub fn insert_day_aggregates(&self, rows: &[DayAggregate]) -> Result<usize> {
+        if let Some(bad) = rows.iter().find(|d| {
+            d.count < 1 || ![d.mean, d.min, d.max, d.p50, d.p95, d.p99].iter().all(|v| v.is_finite())
+        }) {
+            anyhow::bail!(
+                "day aggregate of {} {:?} on day {} has a count below 1 or a non-finite statistic: {bad:?}",
+                bad.key.signal,
+                bad.key.labels,
+                bad.day_ms
+            );
+        }
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let Writer { conn, series_ids, .. } = &mut *w;
+        let mut created: Vec<(i64, SeriesKey)> = Vec::new();
+        let tx = conn.savepoint()?;
+        {
+            let mut new_series = tx.prepare_cached("INSERT INTO series (signal, labels) VALUES (?1, ?2)")?;
+            let mut upsert = tx.prepare_cached(
+                "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?;
+            for d in rows {
+                let known = series_ids.get(&d.key.signal).and_then(|f| f.get(&d.key.labels)).copied();
+                let known = known.or_else(|| created.iter().find(|(_, k)| *k == d.key).map(|(id, _)| *id));
+                let id = match known {
+                    Some(id) => id,
+                    None => {
+                        new_series.execute(params![d.key.signal, labels_json(&d.key.labels)])?;
+                        let id = tx.last_insert_rowid();
+                        created.push((id, d.key.clone()));
+                        id
+                    }
+                };
+                upsert.execute(params![
+                    id,
+                    d.day_ms,
+                    d.count,
+                    d.mean * d.count as f64,
+                    d.min,
+                    d.max,
+                    d.p50,
+                    d.p95,
+                    d.p99
+                ])?;
+            }
+        }
+        tx.commit()?;
+        let mut catalog = self.catalog.write().unwrap_or_else(|e| e.into_inner());
+        for (id, key) in created {
+            series_ids.entry(key.signal.clone()).or_default().insert(key.labels.clone(), id);
+            catalog.entry(key.signal).or_default().push((id, key.labels));
+        }
+        drop(catalog);
+        self.changed();
+        Ok(rows.len())
+    }
+
     /// Deletes raw samples, minute and day aggregates older than their retention, relative to
     /// `now_ms`; at most [`RETENTION_BLOCKS_PER_CALL`] blocks of each tier per call, so that
     /// a call after a long outage (weeks of blocks past the cutoff at once) holds the writer
@@ -157,7 +225,52 @@ mod tests {
     use omen_sources::Sample;
 
     use crate::test_util::sample;
-    use crate::{Resolution, Store, DAY_MS};
+    use crate::{DayAggregate, Resolution, Store, DAY_MS};
+
+    #[test]
+    fn written_day_aggregates_read_back_and_share_their_series_with_later_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("omen.db");
+        let store = Store::open(&path).unwrap();
+        assert!(!store.has_day_aggregates().unwrap());
+        let t0 = 1_793_577_600_000;
+        let key = sample(t0, "kvf_ratio", "0", 0.0).series_key();
+        let day = |i: i64, v: f64| DayAggregate {
+            key: key.clone(),
+            day_ms: t0 + i * DAY_MS,
+            count: 288,
+            mean: v,
+            min: v - 0.1,
+            max: v + 0.2,
+            p50: v,
+            p95: v + 0.1,
+            p99: v + 0.15,
+        };
+        let rows: Vec<DayAggregate> = (0..3).map(|i| day(i, 1.2 + 0.1 * i as f64)).collect();
+        assert_eq!(store.insert_day_aggregates(&rows).unwrap(), 3);
+        assert!(store.has_day_aggregates().unwrap());
+        let back = store.day_aggregates("kvf_ratio", t0, t0 + 3 * DAY_MS).unwrap();
+        assert_eq!(back.len(), 3);
+        for (b, r) in back.iter().zip(&rows) {
+            assert_eq!((b.day_ms, b.count, b.min, b.max, b.p95), (r.day_ms, r.count, r.min, r.max, r.p95));
+            assert!((b.mean - r.mean).abs() < 1e-12);
+        }
+        // Samples of the same series land in it, and their roll-up replaces nothing earlier.
+        store.insert(&[sample(t0 + 3 * DAY_MS, "kvf_ratio", "0", 2.0)]).unwrap();
+        store.roll_up_days(t0 + 3 * DAY_MS, t0 + 4 * DAY_MS).unwrap();
+        let all = store.day_aggregates("kvf_ratio", t0, t0 + 4 * DAY_MS).unwrap();
+        assert_eq!(all.len(), 4);
+        assert!(all.iter().all(|d| d.key == key));
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.series_matching("kvf_ratio", &BTreeMap::new()), 1);
+        // A row that is not an aggregate is refused, naming the series, and nothing is written.
+        let mut bad = day(9, 1.0);
+        bad.p99 = f64::NAN;
+        let e = store.insert_day_aggregates(&[day(8, 1.0), bad]).unwrap_err();
+        assert!(format!("{e}").contains("kvf_ratio"), "{e}");
+        assert_eq!(store.day_aggregates("kvf_ratio", t0, t0 + 10 * DAY_MS).unwrap().len(), 4);
+    }
 
     #[test]
     fn insert_range_rollup_and_reopen() {
