@@ -22,6 +22,10 @@ pub const TARGET_LEAD_DAYS: f64 = 14.0;
 pub const TARGET_FALSE_ALARMS_PER_WEEK: f64 = 0.25;
 /// Abrupt faults flagged within this many minutes.
 pub const TARGET_DETECTION_MINUTES: f64 = 5.0;
+/// No breach warned less than this many days ahead.
+pub const TARGET_MIN_LEAD_DAYS: f64 = 10.0;
+/// Median |said - actual| of the first warnings, days.
+pub const TARGET_SAID_ERROR_DAYS: f64 = 2.0;
 
 /// The result of one scenario.
 #[derive(Debug, Clone, Serialize)]
@@ -47,6 +51,10 @@ pub struct ScenarioResult {
     pub false_alarms: usize,
     /// false_alarms per week of the alarm-free part of the trace.
     pub false_alarms_per_week: f64,
+    /// A trap: a fault that never breaches its SLO (a plateau, a step, a surge that passes).
+    pub trap: bool,
+    /// Early warnings for the trap's SLO at or after its onset (each one a false alarm).
+    pub trap_warnings: usize,
     /// Every alert transition, for inspection.
     pub events: Vec<AlertEvent>,
 }
@@ -72,6 +80,8 @@ pub struct ScenarioAggregate {
     pub max_detection_minutes: Option<f64>,
     /// False alarms over all runs.
     pub false_alarms: usize,
+    /// Early warnings on trap runs.
+    pub trap_warnings: usize,
 }
 
 /// Aggregates over all scenarios, with pass/fail against the targets.
@@ -95,6 +105,18 @@ pub struct Summary {
     pub false_alarm_target_met: bool,
     /// Every abrupt fault flagged within 5 minutes.
     pub detection_target_met: bool,
+    /// Lowest lead over the slow-drift runs, days (a miss counts as 0).
+    pub min_lead_days: Option<f64>,
+    /// No breach warned less than 10 days ahead.
+    pub min_lead_target_met: bool,
+    /// Median |said - lead| over the warned slow-drift runs, days.
+    pub median_said_error_days: Option<f64>,
+    /// That median within 2 days.
+    pub said_error_target_met: bool,
+    /// Trap runs (faults that never breach).
+    pub trap_runs: usize,
+    /// Early warnings on traps, over all trap runs (target 0).
+    pub trap_warnings: usize,
 }
 
 /// The evaluation report.
@@ -174,7 +196,17 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
     let false_alarms = alarm_episodes(events.iter().filter(|e| e.ts_ms < onset));
     let clean_days =
         if labels.onset_ts_ms.is_some() { (onset - labels.first_ts_ms) as f64 / DAY_MS as f64 } else { days };
+    let trap = labels.fault != FaultKind::Healthy && !labels.abrupt && labels.breach_ts_ms.is_none();
+    let trap_warnings = if trap {
+        alarm_episodes(
+            events.iter().filter(|e| e.ts_ms >= onset && Some(&e.alert) == forecast_alert.as_ref()),
+        )
+    } else {
+        0
+    };
     ScenarioResult {
+        trap,
+        trap_warnings,
         scenario: scenario.name.clone(),
         seed: scenario.seed,
         labels,
@@ -219,7 +251,21 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
         alarms as f64 / weeks
     });
     let max_detection_minutes = worst_detection_minutes(&all);
+    let min_lead_days = leads.iter().copied().reduce(f64::min);
+    let said_errors: Vec<f64> = all
+        .iter()
+        .filter(|r| is_slow_drift(r))
+        .filter_map(|r| Some((r.warned_days_to_breach? - r.lead_days?).abs()))
+        .collect();
+    let median_said_error_days = median(&said_errors);
+    let traps: Vec<&&ScenarioResult> = all.iter().filter(|r| r.trap).collect();
     Summary {
+        min_lead_days,
+        min_lead_target_met: min_lead_days.is_none_or(|d| d >= TARGET_MIN_LEAD_DAYS),
+        median_said_error_days,
+        said_error_target_met: median_said_error_days.is_none_or(|d| d <= TARGET_SAID_ERROR_DAYS),
+        trap_runs: traps.len(),
+        trap_warnings: traps.iter().map(|r| r.trap_warnings).sum(),
         median_lead_days,
         slow_drift_runs: leads.len(),
         lead_target_met: median_lead_days.is_none_or(|d| d >= TARGET_LEAD_DAYS),
@@ -233,8 +279,9 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
     }
 }
 
+/// A fault that drifts to a breach (traps, which never breach, are scored apart).
 fn is_slow_drift(r: &ScenarioResult) -> bool {
-    r.labels.fault != FaultKind::Healthy && !r.labels.abrupt
+    r.labels.fault != FaultKind::Healthy && !r.labels.abrupt && !r.trap
 }
 
 /// A slow-drift run with no early warning before its breach.
@@ -300,6 +347,7 @@ pub fn by_scenario(results: &[ScenarioResult]) -> Vec<ScenarioAggregate> {
                 missed: runs.iter().filter(|r| is_missed(r)).count(),
                 max_detection_minutes: worst_detection_minutes(&runs),
                 false_alarms: runs.iter().map(|r| r.false_alarms).sum(),
+                trap_warnings: runs.iter().map(|r| r.trap_warnings).sum(),
             }
         })
         .collect()
@@ -389,7 +437,13 @@ pub fn table(report: &Report) -> String {
             format!("{:?}", r.labels.fault),
             r.days,
             r.labels.slo.clone().unwrap_or_else(|| "-".into()),
-            if is_missed(r) { "missed".into() } else { opt(r.lead_days, 1) },
+            if is_missed(r) {
+                "missed".into()
+            } else if r.trap {
+                format!("trap:{}", r.trap_warnings)
+            } else {
+                opt(r.lead_days, 1)
+            },
             opt(r.warned_days_to_breach, 1),
             opt(r.detection_minutes, 1),
             r.false_alarms_per_week,
@@ -397,8 +451,8 @@ pub fn table(report: &Report) -> String {
     }
     if several_seeds {
         s += &format!(
-            "\n{:<30} {:>4} {:>11} {:>17} {:>6} {:>10} {:>5}\n",
-            "scenario", "runs", "median lead", "lead min..max", "missed", "detect max", "FA"
+            "\n{:<30} {:>4} {:>11} {:>17} {:>6} {:>10} {:>5} {:>5}\n",
+            "scenario", "runs", "median lead", "lead min..max", "missed", "detect max", "FA", "trapW"
         );
         for a in &report.by_scenario {
             let range = match (a.min_lead_days, a.max_lead_days) {
@@ -406,14 +460,15 @@ pub fn table(report: &Report) -> String {
                 _ => "-".into(),
             };
             s += &format!(
-                "{:<30} {:>4} {:>11} {:>17} {:>6} {:>10} {:>5}\n",
+                "{:<30} {:>4} {:>11} {:>17} {:>6} {:>10} {:>5} {:>5}\n",
                 a.scenario,
                 a.runs,
                 opt(a.median_lead_days, 1),
                 range,
                 a.missed,
                 opt(a.max_detection_minutes, 1),
-                a.false_alarms
+                a.false_alarms,
+                a.trap_warnings
             );
         }
     }
@@ -429,6 +484,22 @@ pub fn table(report: &Report) -> String {
         "false alarms on healthy traces: {} per week (target <= {TARGET_FALSE_ALARMS_PER_WEEK}: {})\n",
         opt(m.healthy_false_alarms_per_week, 2),
         ok(m.false_alarm_target_met)
+    );
+    s += &format!(
+        "lowest lead (slow drifts): {} days (target >= {TARGET_MIN_LEAD_DAYS}: {})\n",
+        opt(m.min_lead_days, 1),
+        ok(m.min_lead_target_met)
+    );
+    s += &format!(
+        "median |said - lead| at the first warning: {} days (target <= {TARGET_SAID_ERROR_DAYS}: {})\n",
+        opt(m.median_said_error_days, 2),
+        ok(m.said_error_target_met)
+    );
+    s += &format!(
+        "early warnings on traps: {} over {} runs (target 0: {})\n",
+        m.trap_warnings,
+        m.trap_runs,
+        ok(m.trap_warnings == 0)
     );
     s += &format!(
         "abrupt detection: worst {} min (target <= {TARGET_DETECTION_MINUTES}: {})\n",
@@ -461,5 +532,28 @@ mod tests {
         assert_eq!(alarm_episodes(events.iter()), 4);
         assert_eq!(alarm_episodes(events.iter().filter(|e| e.alert == "health")), 2);
         assert_eq!(alarm_episodes(std::iter::empty()), 0);
+    }
+
+    #[test]
+    fn a_fault_that_never_breaches_is_a_trap_and_its_warnings_count() {
+        let s = Scenario::from_yaml(
+            "name: t\ndays: 14\nstep: 1h\nfault: {kind: kvf_step, onset_days: 5, magnitude: 0.3}\n",
+            "(test)",
+        )
+        .unwrap();
+        let labels = s.labels(&s.generate());
+        let onset = labels.onset_ts_ms.unwrap();
+        let events = vec![
+            event(onset - 1, "forecast:kvf", Level::Warning),
+            event(onset - 1, "forecast:kvf", Level::Ok),
+            event(onset + 1, "forecast:kvf", Level::Warning),
+            event(onset + 2, "forecast:rci", Level::Warning),
+        ];
+        let r = score(&s, labels, events);
+        assert!(r.trap);
+        assert_eq!((r.trap_warnings, r.false_alarms), (1, 1));
+        let summary = summarize(std::slice::from_ref(&r));
+        assert_eq!((summary.trap_runs, summary.trap_warnings, summary.slow_drift_runs), (1, 1, 0));
+        assert!(summary.missed.is_empty());
     }
 }

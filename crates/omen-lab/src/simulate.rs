@@ -68,6 +68,27 @@ pub enum FaultKind {
     ConsistencyDecay,
     /// Load rising towards the batch saturation knee; `magnitude` = relative load growth per day.
     BatchSaturationKnee,
+    /// Load raised by a factor 1 + `magnitude` while the fault lasts (a holiday week: set
+    /// `duration_days`); threatens TTFT p99.
+    LoadSurge,
+    /// KVF steps up by `magnitude` at the onset (a deploy that changes the allocator).
+    KvfStep,
+}
+
+/// How a drifting fault grows with the days since its onset, s (times `magnitude`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftShape {
+    /// s: a steady amount a day.
+    #[default]
+    Linear,
+    /// s^2 / 14: as much as linear after two weeks, slower before, faster after.
+    Accelerating,
+    /// tau (1 - e^(-s / tau)), tau = `saturate_days`: fast at first, then levelling off at
+    /// `magnitude * saturate_days`.
+    Saturating,
+    /// ((1 + magnitude)^s - 1) / magnitude: compounding growth (`magnitude` a day).
+    Compounding,
 }
 
 impl FaultKind {
@@ -81,8 +102,11 @@ impl FaultKind {
             FaultKind::VramLeak => {
                 Some(("vram_headroom", SloIndicator::VramHeadroom, 0.05, Direction::Below))
             }
-            FaultKind::TtftP99Drift | FaultKind::BatchSaturationKnee => {
+            FaultKind::TtftP99Drift | FaultKind::BatchSaturationKnee | FaultKind::LoadSurge => {
                 Some(("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above))
+            }
+            FaultKind::KvfStep => {
+                Some(("kvf", SloIndicator::Kvf, omen_signals::KVF_ALERT_THRESHOLD, Direction::Above))
             }
             FaultKind::ConsistencyDecay => Some(("rci", SloIndicator::Rci, 0.5, Direction::Above)),
         }
@@ -106,6 +130,62 @@ pub struct FaultSpec {
     /// Strength; its unit depends on the kind (see [`FaultKind`]).
     #[serde(default)]
     pub magnitude: f64,
+    /// How a drift grows (KVF creep, VRAM leak, TTFT drift, saturation knee).
+    #[serde(default)]
+    pub shape: DriftShape,
+    /// Time constant of a saturating drift, days.
+    #[serde(default = "default_saturate_days")]
+    pub saturate_days: f64,
+    /// The drift grows in steps every this many days (a leak that jumps at each event).
+    #[serde(default)]
+    pub step_days: Option<f64>,
+    /// A restart frees the drift every this many days (it starts again from 0).
+    #[serde(default)]
+    pub restart_every_days: Option<f64>,
+    /// The fault ends after this many days (unset: it lasts to the end of the trace).
+    #[serde(default)]
+    pub duration_days: Option<f64>,
+}
+
+fn default_saturate_days() -> f64 {
+    7.0
+}
+
+impl FaultSpec {
+    /// Whether the fault is on at `day` (days since the trace start).
+    fn active(&self, day: f64) -> bool {
+        day >= self.onset_days && self.duration_days.is_none_or(|d| day < self.onset_days + d)
+    }
+
+    /// The drift at `day`, in units of `magnitude` (0 before the onset and after the end).
+    fn drift(&self, day: f64) -> f64 {
+        if !self.active(day) {
+            return 0.0;
+        }
+        let mut since = day - self.onset_days;
+        if let Some(every) = self.restart_every_days {
+            since = since.rem_euclid(every);
+        }
+        if let Some(step) = self.step_days {
+            since = (since / step).floor() * step;
+        }
+        match self.shape {
+            DriftShape::Linear => since,
+            DriftShape::Accelerating => since * since / 14.0,
+            DriftShape::Saturating => self.saturate_days * (1.0 - (-since / self.saturate_days).exp()),
+            DriftShape::Compounding => ((1.0 + self.magnitude).powf(since) - 1.0) / self.magnitude,
+        }
+    }
+}
+
+/// A span without samples (an agent or network outage).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gap {
+    /// Days after the trace start at which it begins.
+    pub from_days: f64,
+    /// Its length, days.
+    pub days: f64,
 }
 
 /// Load seasonality amplitudes (relative load swing).
@@ -153,6 +233,9 @@ pub struct Scenario {
     /// The fault (healthy when absent).
     #[serde(default)]
     pub fault: Option<FaultSpec>,
+    /// Spans without samples.
+    #[serde(default)]
+    pub gaps: Vec<Gap>,
 }
 
 fn default_start() -> String {
@@ -242,6 +325,28 @@ impl Scenario {
             if f.kind != FaultKind::Healthy && !(f.magnitude > 0.0 && f.magnitude.is_finite()) {
                 return Err(invalid("fault.magnitude".into(), "must be > 0 for a fault".into()));
             }
+            let positive = [
+                ("fault.saturate_days", Some(f.saturate_days)),
+                ("fault.step_days", f.step_days),
+                ("fault.restart_every_days", f.restart_every_days),
+                ("fault.duration_days", f.duration_days),
+            ];
+            for (field, value) in positive {
+                if let Some(v) = value.filter(|v| !(*v > 0.0 && v.is_finite())) {
+                    return Err(invalid(field.into(), format!("{v} must be > 0 days")));
+                }
+            }
+        }
+        for (i, g) in s.gaps.iter().enumerate() {
+            if !(g.from_days >= 0.0 && g.from_days < s.days && g.days > 0.0 && g.days.is_finite()) {
+                return Err(invalid(
+                    format!("gaps[{i}]"),
+                    format!(
+                        "from_days {} must be in [0, days = {}) and days {} > 0",
+                        g.from_days, s.days, g.days
+                    ),
+                ));
+            }
         }
         Ok(s)
     }
@@ -268,17 +373,25 @@ impl Scenario {
         let step = self.step.as_millis() as i64;
         let steps = (self.days * DAY_MS as f64 / step as f64).round() as i64;
         let kind = self.kind();
-        let (onset, mag) = self.fault.as_ref().map_or((f64::INFINITY, 0.0), |f| (f.onset_days, f.magnitude));
+        let mag = self.fault.as_ref().map_or(0.0, |f| f.magnitude);
+        let drift = |day: f64| self.fault.as_ref().map_or(0.0, |f| f.drift(day));
+        let active = |day: f64| self.fault.as_ref().is_some_and(|f| f.active(day));
         let nz = self.noise;
         let mut out = Vec::with_capacity(steps as usize * (2 * self.layers + 5));
         let mut ttft_noise = 0.0f64;
         for i in 0..steps {
             let ts = start + i * step;
+            let mark = out.len();
             let day = (ts - start) as f64 / DAY_MS as f64;
-            let since = (day - onset).max(0.0);
-            let faulty = day >= onset;
+            let faulty = active(day);
             let load = load_at(ts, &self.seasonality)
-                * if kind == FaultKind::BatchSaturationKnee { 1.0 + mag * since } else { 1.0 };
+                * match kind {
+                    FaultKind::BatchSaturationKnee => 1.0 + mag * drift(day),
+                    FaultKind::LoadSurge if faulty => 1.0 + mag,
+                    _ => 1.0,
+                };
+            // The noise draws happen in a gap too, so that a gap leaves the rest of the trace as it was.
+            let gap = self.gaps.iter().any(|g| day >= g.from_days && day < g.from_days + g.days);
             let push =
                 |out: &mut Vec<omen_sources::Sample>, signal: &str, labels: &[(&str, String)], v: f64| {
                     out.push(omen_sources::Sample {
@@ -296,7 +409,11 @@ impl Scenario {
                 // KV usage follows load (saturating near 1), KVF sits near 1.15 unless it creeps.
                 let usage = (0.5 * load + 0.01 * nz * normal(&mut rng)).clamp(0.0, 1.0);
                 push(&mut out, catalogue::KVCACHE_USAGE_RATIO.name, &lab, usage);
-                let creep = if kind == FaultKind::KvFragmentationCreep { mag * since } else { 0.0 };
+                let creep = match kind {
+                    FaultKind::KvFragmentationCreep => mag * drift(day),
+                    FaultKind::KvfStep if faulty => mag,
+                    _ => 0.0,
+                };
                 let kvf = 1.15 + 0.03 * (load - 1.0) + creep + 0.012 * nz * normal(&mut rng).abs();
                 push(&mut out, catalogue::KVF_RATIO.name, &lab, kvf.max(1.0));
             }
@@ -304,7 +421,7 @@ impl Scenario {
             // TTFT: queueing grows with load, sharply past the knee (utilisation 1/1.6 of capacity).
             let rho = (load / 1.6).min(0.98);
             let queue = 1.0 / (1.0 - rho);
-            let context = if kind == FaultKind::TtftP99Drift { 1.0 + mag * since } else { 1.0 };
+            let context = if kind == FaultKind::TtftP99Drift { 1.0 + mag * drift(day) } else { 1.0 };
             // Slowly varying (AR(1)) noise on top of per-request jitter.
             ttft_noise = 0.95 * ttft_noise + 0.05 * normal(&mut rng);
             let jitter = (0.18 * nz * normal(&mut rng) + 0.5 * nz * ttft_noise).exp();
@@ -315,10 +432,13 @@ impl Scenario {
             let rci = if step_on { 0.08 + mag } else { 0.08 } + 0.01 * nz * normal(&mut rng);
             push(&mut out, catalogue::RCI.name, &canary, rci.clamp(0.0, 1.0));
             let gpu = [("gpu", "0".to_owned())];
-            let leak = if kind == FaultKind::VramLeak { mag * 1e9 * since } else { 0.0 };
+            let leak = if kind == FaultKind::VramLeak { mag * 1e9 * drift(day) } else { 0.0 };
             let used = 62e9 + 0.5e9 * (load - 1.0) + leak + 0.05e9 * nz * normal(&mut rng);
             push(&mut out, catalogue::GPU_MEMORY_USED_BYTES.name, &gpu, used.min(80e9));
             push(&mut out, catalogue::GPU_MEMORY_TOTAL_BYTES.name, &gpu, 80e9);
+            if gap {
+                out.truncate(mark);
+            }
         }
         out
     }
@@ -509,6 +629,73 @@ mod tests {
         assert!(!l.abrupt);
         let healthy = scenario("").labels(&scenario("").generate());
         assert_eq!((healthy.fault, healthy.breach_ts_ms, healthy.slo), (FaultKind::Healthy, None, None));
+    }
+
+    #[test]
+    fn drift_shapes_steps_restarts_and_an_end() {
+        let spec = |extra: &str| {
+            scenario(&format!("fault: {{kind: vram_leak, onset_days: 2, magnitude: 0.5{extra}}}\n"))
+                .fault
+                .unwrap()
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let linear = spec("");
+        assert_eq!((linear.drift(1.0), linear.drift(2.0)), (0.0, 0.0));
+        assert!(close(linear.drift(9.0), 7.0));
+        let acc = spec(", shape: accelerating");
+        assert!(close(acc.drift(16.0), 14.0) && close(acc.drift(9.0), 49.0 / 14.0));
+        let sat = spec(", shape: saturating, saturate_days: 4");
+        assert!(close(sat.drift(6.0), 4.0 * (1.0 - (-1.0f64).exp())));
+        assert!(sat.drift(200.0) <= 4.0 && sat.drift(200.0) > 3.999 && sat.drift(20.0) < sat.drift(30.0));
+        let comp = spec(", shape: compounding");
+        assert!(close(comp.drift(4.0), (1.5f64.powi(2) - 1.0) / 0.5));
+        let steps = spec(", step_days: 3");
+        assert_eq!((steps.drift(4.9), steps.drift(5.0), steps.drift(7.9)), (0.0, 3.0, 3.0));
+        let restarts = spec(", restart_every_days: 7");
+        assert!(close(restarts.drift(8.5), 6.5) && close(restarts.drift(9.5), 0.5));
+        let once = spec(", duration_days: 3");
+        assert!(
+            close(once.drift(4.0), 2.0) && once.drift(5.0) == 0.0 && !once.active(5.0) && once.active(4.9)
+        );
+    }
+
+    #[test]
+    fn a_gap_removes_its_samples_and_leaves_the_rest_as_it_was() {
+        let plain = scenario("").generate();
+        let gapped = scenario("gaps: [{from_days: 3, days: 1.5}]\n").generate();
+        let start = scenario("").start_ms();
+        let in_gap = |t: i64| t >= start + 3 * DAY_MS && t < start + 3 * DAY_MS + DAY_MS * 3 / 2;
+        let kept: Vec<_> = plain.iter().filter(|s| !in_gap(s.ts_ms)).collect();
+        assert_eq!(kept.len(), gapped.len());
+        assert!(kept.len() < plain.len());
+        assert!(kept.iter().zip(&gapped).all(|(a, b)| a.ts_ms == b.ts_ms && a.value == b.value));
+        let e = Scenario::from_yaml("name: x\ndays: 3\ngaps: [{from_days: 4, days: 1}]\n", "s").unwrap_err();
+        assert!(e.to_string().contains("gaps[0]"), "{e}");
+        let e = Scenario::from_yaml(
+            "name: x\ndays: 3\nfault: {kind: vram_leak, onset_days: 1, magnitude: 1, step_days: 0}\n",
+            "s",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("fault.step_days"), "{e}");
+    }
+
+    #[test]
+    fn traps_rise_or_step_and_never_breach() {
+        for fault in [
+            "{kind: kv_fragmentation_creep, onset_days: 2, magnitude: 0.05, shape: saturating, saturate_days: 3}",
+            "{kind: kvf_step, onset_days: 5, magnitude: 0.3}",
+            "{kind: load_surge, onset_days: 5, magnitude: 0.1, duration_days: 4}",
+        ] {
+            let s = scenario(&format!("fault: {fault}\n"));
+            let samples = s.generate();
+            let l = s.labels(&samples);
+            assert!(l.onset_ts_ms.is_some() && l.slo.is_some() && l.breach_ts_ms.is_none(), "{fault}: {l:?}");
+        }
+        // The step is there: KVF after the onset is 0.3 higher.
+        let s = scenario("noise: 0\nfault: {kind: kvf_step, onset_days: 5, magnitude: 0.3}\n");
+        let kvf = series(&s.generate(), "kvf_ratio");
+        let at = |day: i64| kvf.iter().find(|p| p.0 == s.start_ms() + day * DAY_MS).unwrap().1;
+        assert!((at(7) - at(0) - 0.3).abs() < 1e-9);
     }
 
     #[test]
