@@ -198,7 +198,7 @@ import sys
 
 RUNBOOK = "https://github.com/omen-project/omen/blob/main/docs/runbook.md#"
 WARN, CRIT = 0.6, 0.8          # OmenHealthWarning / OmenHealthCritical bands
-HORIZON, IMMINENT = 14.0, 3.0  # OmenSLOBreachForecast / OmenSLOBreachImminent
+HORIZON, IMMINENT = 15.0, 3.0  # OmenSLOBreachForecast (14 days plus the one-day margin) / OmenSLOBreachImminent
 CRITICAL_RECEIVERS = {"dingtalk-critical", "pager-critical"}
 
 
@@ -307,16 +307,21 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
         d, u = fc.get(slo, (None, None))
         return d is not None and u is not None and d <= limit and u <= limit
 
+    def warns(slo):
+        # OmenSLOBreachForecast: within the horizon, and an upper end exists.
+        d, u = fc.get(slo, (None, None))
+        return d is not None and u is not None and d <= HORIZON
+
     alerts = []
     if scenario == "degradation":
         check(hv >= WARN, f"omen_health_score {h} >= {WARN} (early warning)")
         for slo in ("kv_usage", "kvf"):
             d, u = fc.get(slo, (None, None))
-            check(within(slo, HORIZON), f"omen_forecast_time_to_breach_seconds{{slo=\"{slo}\"}} {d} days and _upper {u} days <= {HORIZON:g}")
+            check(warns(slo), f"omen_forecast_time_to_breach_seconds{{slo=\"{slo}\"}} {d} days <= {HORIZON:g} with _upper {u} days")
     else:
         check(0 <= hv < WARN, f"omen_health_score {h} < {WARN}")
-        near = [s for s in fc if within(s, HORIZON)]
-        check(not near, "no SLO forecast to breach within 14 days (days and upper)", f"within 14 d: {near}")
+        near = [s for s in fc if warns(s)]
+        check(not near, f"no SLO forecast to breach within {HORIZON:g} days", f"within {HORIZON:g} d: {near}")
 
     # What omen-rules.yml must raise from this state.
     if hv >= CRIT:
@@ -328,7 +333,7 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
             alerts.append({"alertname": "OmenSLOBreachImminent", "severity": "critical", "signal": "forecast", "slo": slo})
             alerts.append({"alertname": "OmenSLOBreachForecast", "severity": "warning", "signal": "forecast", "slo": slo,
                            "inhibited": True})
-        elif within(slo, HORIZON):
+        elif warns(slo):
             alerts.append({"alertname": "OmenSLOBreachForecast", "severity": "warning", "signal": "forecast", "slo": slo})
     for a in alerts:
         a["receivers"] = [] if a.get("inhibited") else sorted(route(a))

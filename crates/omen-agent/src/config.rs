@@ -375,8 +375,17 @@ pub struct ForecastConfig {
     /// Confidence of the trend interval.
     pub confidence: f64,
     /// The trend follows the worst daily value of each trailing window of this many days
-    /// (max for `above` SLOs, min for `below`); 7 removes a weekly cycle, 1 turns it off.
+    /// (max for `above` SLOs, min for `below`); 1 turns it off (the default: the weekly
+    /// profile handles the weekly cycle).
     pub worst_of_days: usize,
+    /// Fit the trend to the daily values less their weekly profile (each weekday's median
+    /// departure from the trend, from two weeks of history on), and judge the breach on the
+    /// worst weekday.
+    pub weekly_profile: bool,
+    /// Fit only the current regime: the days after the latest significant level shift of
+    /// the daily values (a deploy, a restart), or after the point where a bending trend
+    /// departs from a line.
+    pub regimes: bool,
     /// The SLOs.
     pub slos: Vec<SloConfig>,
 }
@@ -388,7 +397,9 @@ impl Default for ForecastConfig {
             min_days: 7,
             lookback_days: 28,
             confidence: 0.9,
-            worst_of_days: 7,
+            worst_of_days: 1,
+            weekly_profile: true,
+            regimes: true,
             slos: vec![
                 SloConfig::new("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above),
                 SloConfig::new("kv_usage", SloIndicator::KvUsage, 0.95, Direction::Above),
@@ -981,7 +992,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.forecast.slos[0].trend_scale(), TrendScale::Linear);
-        let e = Config::from_yaml("store:\n  day_retention_days: 30\n").unwrap_err();
+        let e = Config::from_yaml("store:\n  day_retention_days: 20\n").unwrap_err();
         assert_eq!(e[0].path, "store.day_retention_days");
     }
 

@@ -38,17 +38,17 @@ fn short_scenarios_meet_the_warning_targets() {
     let breach = creep.labels.breach_ts_ms.expect("the creep breaches kvf within the trace");
     let warning = creep.first_warning_ts_ms.expect("an early warning for kvf");
     assert!(warning < breach, "{:?}", creep.events);
-    // The early warning fires once the forecast breach *and* its interval's far end are
-    // within the 14-day horizon, so on a clean linear drift the lead is capped just under
-    // 14 days (the far end lies past the central estimate); the pipeline measures 13.0 here.
-    // This checks the lead it does give, and that the report says whether the target is met.
+    // The early warning fires when the forecast breach is within 14 days plus one (the daily
+    // values move once a day) and the slope interval points towards it: on a clean linear
+    // drift the lead is at least 14 days (the pipeline measures 14.3 here).
     let lead = creep.lead_days.unwrap();
-    assert!(lead >= 12.0, "lead {lead}");
+    assert!(lead >= TARGET_LEAD_DAYS, "lead {lead}");
     assert_eq!(report.summary.lead_target_met, lead >= TARGET_LEAD_DAYS);
     assert_eq!(creep.false_alarms, 0, "{:?}", creep.events);
-    // The report keeps what the first warning said, to set beside the lead it gave.
+    // The report keeps what the first warning said: within a day of the lead it gave.
     let said = creep.warned_days_to_breach.expect("the warning carries its forecast");
-    assert!(said > 0.0 && said <= 14.0, "said {said} days");
+    assert!(said > 0.0 && said <= TARGET_LEAD_DAYS + 1.0, "said {said} days");
+    assert!((said - lead).abs() <= 1.0, "said {said} days, lead {lead}");
 
     let healthy = by_name("healthy");
     assert!(healthy.false_alarms_per_week <= TARGET_FALSE_ALARMS_PER_WEEK, "{:?}", healthy.events);

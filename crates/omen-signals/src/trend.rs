@@ -143,10 +143,137 @@ pub struct BreachForecast {
     pub already_breached: bool,
 }
 
+/// Days added to the lead when deciding to warn: the daily indicator changes once a day, so
+/// a forecast that crosses `lead_days` does so up to a day late; warning at `lead_days + 1`
+/// keeps an accurate forecast's warning at least `lead_days` ahead.
+pub const WARNING_MARGIN_DAYS: f64 = 1.0;
+
 impl BreachForecast {
-    /// Early warning: the breach is within `horizon_days` and so is the interval's far end.
+    /// Early warning (the rule before `warns`): the breach is within `horizon_days` and so is
+    /// the interval's far end. An accurate forecast warns a little under `horizon_days` ahead.
     pub fn early_warning(&self, horizon_days: f64) -> bool {
         matches!((self.days_to_breach, self.latest_days), (Some(d), Some(l)) if d <= horizon_days && l <= horizon_days)
+    }
+
+    /// Early warning at least `lead_days` ahead: the central breach is within `lead_days` +
+    /// [`WARNING_MARGIN_DAYS`], and the whole slope interval points towards the breach (a
+    /// trend that may be flat, a plateau, does not warn).
+    pub fn warns(&self, lead_days: f64) -> bool {
+        matches!((self.days_to_breach, self.latest_days), (Some(d), Some(_)) if d <= lead_days + WARNING_MARGIN_DAYS)
+    }
+}
+
+/// Critical value of the level-shift statistic of [`current_regime_start`]. On series
+/// without a shift (a line plus noise, 8 to 28 points) the statistic stays under 22.1 in
+/// 99% of series with Gaussian or Student-t(3) noise, and under 24.8 with a weekend dip of
+/// two standard deviations (2,000 to 3,000 simulated series per case and length; it grows
+/// with the length because the slope it removes is estimated from the same points).
+pub const REGIME_SHIFT_CRITICAL: f64 = 25.0;
+
+/// Points on each side of a candidate level shift.
+const REGIME_MIN_SIDE: usize = 3;
+
+/// Sum of absolute deviations from the median.
+fn absolute_deviation(values: &[f64]) -> f64 {
+    let m = median(values);
+    values.iter().map(|v| (v - m).abs()).sum()
+}
+
+/// Where the current regime of a daily series starts: at a significant level shift, or at
+/// 0 when there is none. The series less its typical daily change (the median of
+/// its day-to-day slopes, which a single step hardly moves) is split where two medians fit
+/// it best (least absolute deviation, so a step is located exactly); the split counts when
+/// |median after - median before| / sigma * sqrt(k (n - k) / n) exceeds
+/// [`REGIME_SHIFT_CRITICAL`], with sigma the robust spread of the day-to-day changes / sqrt 2.
+/// A step (a deploy, a restart that frees a leak) then starts a new regime, and so does the
+/// point where a trend that bends (accelerates or levels off) leaves its earlier line.
+pub fn current_regime_start(x: &[f64], y: &[f64]) -> usize {
+    let none = 0;
+    let n = x.len();
+    if n != y.len() || n < 2 * REGIME_MIN_SIDE || x.windows(2).any(|w| w[1] <= w[0]) {
+        return none;
+    }
+    let changes: Vec<f64> = y.windows(2).map(|w| w[1] - w[0]).collect();
+    let daily: Vec<f64> = x.windows(2).zip(&changes).map(|(w, dy)| dy / (w[1] - w[0])).collect();
+    let slope = median(&daily);
+    let centre = median(&changes);
+    let spread: Vec<f64> = changes.iter().map(|c| (c - centre).abs()).collect();
+    // A series without day-to-day noise (all changes alike) still has a scale: a step in it
+    // is then as significant as it gets, and a flat one shifts by 0.
+    let magnitude = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let sigma = (1.4826 * median(&spread) / std::f64::consts::SQRT_2).max(1e-9 * magnitude).max(1e-12);
+    if !(sigma.is_finite() && slope.is_finite()) {
+        return none;
+    }
+    let residuals: Vec<f64> = x.iter().zip(y).map(|(&xi, &yi)| yi - slope * xi).collect();
+    let split = (REGIME_MIN_SIDE..=n - REGIME_MIN_SIDE)
+        .map(|k| (absolute_deviation(&residuals[..k]) + absolute_deviation(&residuals[k..]), k))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(0, |(_, k)| k);
+    let shift = median(&residuals[split..]) - median(&residuals[..split]);
+    let statistic = shift.abs() / sigma * ((split * (n - split)) as f64 / n as f64).sqrt();
+    if statistic > REGIME_SHIFT_CRITICAL {
+        split
+    } else {
+        none
+    }
+}
+
+/// Days in a week; a day's weekday is its day number since the epoch modulo this.
+const WEEK_DAYS: usize = 7;
+
+/// A daily series' weekly profile: each weekday's typical departure from the trend, so that
+/// the trend is fitted to the series less its weekly cycle (every day counts once, unlike a
+/// trailing worst value that repeats one high day for a week) and the breach is judged on
+/// the worst weekday.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WeeklyProfile {
+    /// Offset of each weekday from the trend, indexed by `floor(x) mod 7`, in y's units.
+    pub offsets: [f64; WEEK_DAYS],
+}
+
+/// Days of history before a weekly profile is estimated: two of each weekday.
+pub const WEEKLY_PROFILE_MIN_DAYS: usize = 2 * WEEK_DAYS;
+
+fn weekday(x: f64) -> usize {
+    (x.floor() as i64).rem_euclid(WEEK_DAYS as i64) as usize
+}
+
+impl WeeklyProfile {
+    /// The profile of `y` over days `x` (days since the epoch): each weekday's median
+    /// residual from the Theil-Sen line of the whole series. `None` with fewer than
+    /// [`WEEKLY_PROFILE_MIN_DAYS`] points or a weekday seen less than twice.
+    pub fn of(x: &[f64], y: &[f64]) -> Option<Self> {
+        if x.len() != y.len() || x.len() < WEEKLY_PROFILE_MIN_DAYS {
+            return None;
+        }
+        let fit = theil_sen(x, y, 0.9).ok()?;
+        let mut residuals: [Vec<f64>; WEEK_DAYS] = Default::default();
+        for (&xi, &yi) in x.iter().zip(y) {
+            residuals[weekday(xi)].push(yi - (fit.intercept + fit.slope * xi));
+        }
+        if residuals.iter().any(|r| r.len() < 2) {
+            return None;
+        }
+        let mut offsets = residuals.map(|r| median(&r));
+        // Centred, so that the profile moves no level into or out of the trend.
+        let centre = median(&offsets);
+        offsets.iter_mut().for_each(|o| *o -= centre);
+        Some(Self { offsets })
+    }
+
+    /// `y` less each day's weekday offset.
+    pub fn adjust(&self, x: &[f64], y: &[f64]) -> Vec<f64> {
+        x.iter().zip(y).map(|(&xi, &yi)| yi - self.offsets[weekday(xi)]).collect()
+    }
+
+    /// The worst weekday's offset towards a breach in `direction`.
+    pub fn worst(&self, direction: BreachDirection) -> f64 {
+        let it = self.offsets.iter().copied();
+        match direction {
+            BreachDirection::Above => it.fold(f64::NEG_INFINITY, f64::max),
+            BreachDirection::Below => it.fold(f64::INFINITY, f64::min),
+        }
     }
 }
 
@@ -306,6 +433,75 @@ mod tests {
             let fit = theil_sen(&x, &ys, 0.95).unwrap();
             let f = days_to_breach(&fit, 27.0, 0.9, BreachDirection::Above);
             if fit.low_slope <= 0.0 { prop_assert!(!f.early_warning(EARLY_WARNING_DAYS)); }
+        }
+    }
+
+    /// Deterministic noise in [-1, 1): splitmix64 of the index and seed.
+    fn noise(i: usize, seed: u64) -> f64 {
+        let mut z = (seed << 32 | i as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn warning_needs_the_lead_plus_a_day_and_a_slope_interval_towards_the_breach() {
+        let f = |d: f64, far: Option<f64>| BreachForecast {
+            days_to_breach: Some(d),
+            earliest_days: Some(d),
+            latest_days: far,
+            already_breached: false,
+        };
+        assert!(f(14.9, Some(40.0)).warns(14.0));
+        assert!(f(15.0, Some(15.0)).warns(14.0));
+        assert!(!f(15.1, Some(15.1)).warns(14.0));
+        assert!(!f(3.0, None).warns(14.0), "a slope interval that reaches 0 never warns");
+    }
+
+    #[test]
+    fn a_step_starts_the_regime_and_a_noisy_line_has_one_regime() {
+        let x: Vec<f64> = (0..28).map(|i| 20_000.5 + i as f64).collect();
+        for seed in 0..20 {
+            let line: Vec<f64> = (0..28).map(|i| 1.0 + 0.01 * i as f64 + 0.01 * noise(i, seed)).collect();
+            assert_eq!(current_regime_start(&x, &line), 0, "seed {seed}");
+            let step: Vec<f64> =
+                line.iter().enumerate().map(|(i, v)| v + if i >= 19 { 0.3 } else { 0.0 }).collect();
+            assert_eq!(current_regime_start(&x, &step), 19, "seed {seed}");
+        }
+        // Too short, or unordered: no split.
+        assert_eq!(current_regime_start(&x[..5], &[1.0, 1.0, 1.0, 5.0, 5.0]), 0);
+        assert_eq!(current_regime_start(&[3.0, 2.0, 1.0, 4.0, 5.0, 6.0], &[1.0; 6]), 0);
+    }
+
+    #[test]
+    fn a_weekly_profile_recovers_its_offsets_and_leaves_the_line() {
+        let x: Vec<f64> = (0..28).map(|i| 20_000.5 + i as f64).collect();
+        let pattern = [0.0, 0.0, -0.2, -0.3, 0.05, 0.0, 0.0];
+        let y: Vec<f64> = x.iter().map(|&xi| 2.0 + 0.02 * xi + pattern[weekday(xi)]).collect();
+        let p = WeeklyProfile::of(&x, &y).unwrap();
+        for (o, want) in p.offsets.iter().zip(pattern) {
+            assert!((o - want).abs() < 1e-9, "{:?}", p.offsets);
+        }
+        assert!((p.worst(BreachDirection::Above) - 0.05).abs() < 1e-9);
+        assert!((p.worst(BreachDirection::Below) + 0.3).abs() < 1e-9);
+        let adjusted = p.adjust(&x, &y);
+        assert!(x.iter().zip(&adjusted).all(|(&xi, a)| (a - (2.0 + 0.02 * xi)).abs() < 1e-9));
+        assert!(WeeklyProfile::of(&x[..13], &y[..13]).is_none(), "two of each weekday are needed");
+    }
+
+    proptest! {
+        #[test]
+        fn the_regime_start_ignores_a_level_and_a_trend(
+            offset in -100.0f64..100.0, slope in -1.0f64..1.0, seed in 0u64..1000, step_at in 3usize..25,
+        ) {
+            let x: Vec<f64> = (0..28).map(|i| 20_000.5 + i as f64).collect();
+            let base: Vec<f64> = (0..28)
+                .map(|i| noise(i, seed) + if i >= step_at { 50.0 } else { 0.0 })
+                .collect();
+            let moved: Vec<f64> = base.iter().zip(&x).map(|(v, xi)| v + offset + slope * (xi - x[0])).collect();
+            prop_assert_eq!(current_regime_start(&x, &base), step_at);
+            prop_assert_eq!(current_regime_start(&x, &moved), step_at);
         }
     }
 }

@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use omen_signals::{catalogue, days_to_breach, theil_sen, trailing_worst, BreachDirection};
+use omen_signals::{
+    catalogue, current_regime_start, days_to_breach, theil_sen, trailing_worst, BreachDirection,
+    WeeklyProfile,
+};
 use omen_sources::Sample;
 use serde::Serialize;
 
@@ -84,15 +87,33 @@ impl Engine {
                 .collect();
             let threshold = scale.apply(slo.threshold);
             let direction = if scale == TrendScale::Reciprocal { direction.flipped() } else { direction };
-            if points.len() >= f.min_days {
+            // The current regime only: the days before a significant level shift are left
+            // out, and a new regime is forecast once it has min_days of its own.
+            let points = if f.regimes {
                 let x: Vec<f64> = points.iter().map(|d| d.0).collect();
                 let y: Vec<f64> = points.iter().map(|d| d.1).collect();
+                points[current_regime_start(&x, &y)..].to_vec()
+            } else {
+                points
+            };
+            fc.days = points.len();
+            if points.len() >= f.min_days {
+                let x: Vec<f64> = points.iter().map(|d| d.0).collect();
+                let mut y: Vec<f64> = points.iter().map(|d| d.1).collect();
+                // The trend of the series less its weekly cycle; the breach on its worst weekday.
+                let mut threshold = threshold;
+                if f.weekly_profile {
+                    if let Some(profile) = WeeklyProfile::of(&x, &y) {
+                        y = profile.adjust(&x, &y);
+                        threshold -= profile.worst(direction);
+                    }
+                }
                 if let Ok(fit) = theil_sen(&x, &y, f.confidence) {
                     let b = days_to_breach(&fit, now_ms as f64 / DAY_MS as f64, threshold, direction);
                     fc.slope_per_day = Some(fit.slope);
                     fc.days_to_breach = b.days_to_breach;
                     fc.days_to_breach_upper = b.latest_days;
-                    fc.early_warning = b.early_warning(f.horizon_days);
+                    fc.early_warning = b.warns(f.horizon_days);
                 }
             }
             out.push(fc);
@@ -340,25 +361,71 @@ mod tests {
     }
 
     #[test]
-    fn worst_of_seven_days_removes_a_weekly_dip_from_the_trend() {
+    fn a_weekly_profile_removes_a_weekly_dip_from_the_trend() {
         let t_end = 1_793_577_600_000 + 26 * DAY_MS;
         let dir = tempfile::tempdir().unwrap();
-        let mut weekly = weekly_kv_engine(dir.path(), "forecast: {min_days: 7}\n", 26);
-        let kv = weekly.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        let mut profiled = weekly_kv_engine(dir.path(), "forecast: {min_days: 7}\n", 26);
+        let kv = profiled.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        // Every day counts once; less its weekend offset the series is the weekday line.
+        assert_eq!(kv.days, 26, "{kv:?}");
+        assert!((kv.slope_per_day.unwrap() - 0.01).abs() < 1e-9, "{kv:?}");
+        // 0.95 on the worst weekday (a weekday): reached by the line at day 40, 14.5 days on.
+        let d = kv.days_to_breach.unwrap();
+        assert!((d - 14.5).abs() < 1e-6, "{kv:?}");
+        assert!((kv.days_to_breach_upper.unwrap() - d).abs() < 1e-6, "{kv:?}");
+        assert!(kv.early_warning, "within 14 days plus the margin: {kv:?}");
+
+        // The rule before it: the trend of the trailing 7-day worst day.
+        let dir = tempfile::tempdir().unwrap();
+        let trailing = "forecast: {min_days: 7, worst_of_days: 7, weekly_profile: false, regimes: false}\n";
+        let mut worst = weekly_kv_engine(dir.path(), trailing, 26);
+        let kv = worst.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
         // 26 complete days give 20 trailing weekly maxima: the weekday line, slope 0.01.
         assert_eq!(kv.days, 20, "{kv:?}");
         assert!((kv.slope_per_day.unwrap() - 0.01).abs() < 1e-9, "{kv:?}");
         assert!((kv.latest.unwrap() - (0.55 + 0.01 * 25.0)).abs() < 1e-9, "{kv:?}");
-        // 0.95 - 0.80 at 0.01/day: 15 days after the last day's value (at 25.5), tight interval.
-        let d = kv.days_to_breach.unwrap();
-        assert!((d - 15.0).abs() < 0.6, "{kv:?}");
+        assert!((kv.days_to_breach.unwrap() - 15.0).abs() < 0.6, "{kv:?}");
 
+        // Day by day without a profile, the weekends widen the slope interval.
         let dir = tempfile::tempdir().unwrap();
-        let mut daily = weekly_kv_engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n", 26);
+        let plain = "forecast: {min_days: 7, weekly_profile: false, regimes: false}\n";
+        let mut daily = weekly_kv_engine(dir.path(), plain, 26);
         let kv = daily.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
-        // Day by day, the weekends widen the slope interval: the far end drifts away.
         let far = kv.days_to_breach_upper.unwrap_or(f64::INFINITY);
         assert!(far > d + 1.0, "{kv:?}");
+    }
+
+    #[test]
+    fn a_level_step_starts_a_new_regime_and_does_not_warn() {
+        // KV usage flat at 0.55, stepping to 0.75 on day 16 (a deploy), 24 days in all.
+        let dir = tempfile::tempdir().unwrap();
+        let e = |forecast: &str| {
+            let mut e = engine(dir.path().join(forecast.len().to_string()).as_path(), forecast);
+            let t0 = 1_793_577_600_000;
+            for h in 0..(24 * 24) {
+                let day = h / 24;
+                let v = if day >= 16 { 0.75 } else { 0.55 } + 0.002 * ((h * 7919) % 13) as f64 / 13.0;
+                let labels = [("layer".to_owned(), "0".to_owned())].into();
+                let s = Sample {
+                    ts_ms: t0 + h * 3_600_000,
+                    signal: "kvcache_usage_ratio".into(),
+                    labels,
+                    value: v,
+                };
+                e.process(vec![s]).unwrap();
+            }
+            let s = e.tick(t0 + 24 * DAY_MS).unwrap();
+            s.forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap()
+        };
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let kv = e("forecast: {min_days: 7}\n");
+        // The 8 days since the step, flat: no breach ahead.
+        assert_eq!(kv.days, 8, "{kv:?}");
+        assert!(!kv.early_warning && kv.days_to_breach.is_none_or(|d| d > 30.0), "{kv:?}");
+        // Fitted over the step, the line rises and warns.
+        let kv = e("forecast: {min_days: 7, regimes: false}\n");
+        assert_eq!(kv.days, 24, "{kv:?}");
+        assert!(kv.slope_per_day.unwrap() > 0.005, "{kv:?}");
     }
 
     /// TTFT of a queue whose utilisation rises 1.5 points a day from 0.5: 0.2 s / (1 - rho),
