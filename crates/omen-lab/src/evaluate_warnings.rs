@@ -473,39 +473,48 @@ pub fn table(report: &Report) -> String {
         }
     }
     let m = &report.summary;
-    let ok = |b: bool| if b { "met" } else { "MISSED" };
-    s += &format!(
-        "median lead (slow drifts, {} runs): {} days (target >= {TARGET_LEAD_DAYS}: {})\n",
-        m.slow_drift_runs,
-        opt(m.median_lead_days, 1),
-        ok(m.lead_target_met)
-    );
-    s += &format!(
-        "false alarms on healthy traces: {} per week (target <= {TARGET_FALSE_ALARMS_PER_WEEK}: {})\n",
-        opt(m.healthy_false_alarms_per_week, 2),
-        ok(m.false_alarm_target_met)
-    );
-    s += &format!(
-        "lowest lead (slow drifts): {} days (target >= {TARGET_MIN_LEAD_DAYS}: {})\n",
-        opt(m.min_lead_days, 1),
-        ok(m.min_lead_target_met)
-    );
-    s += &format!(
-        "median |said - lead| at the first warning: {} days (target <= {TARGET_SAID_ERROR_DAYS}: {})\n",
-        opt(m.median_said_error_days, 2),
-        ok(m.said_error_target_met)
-    );
-    s += &format!(
-        "early warnings on traps: {} over {} runs (target 0: {})\n",
-        m.trap_warnings,
-        m.trap_runs,
-        ok(m.trap_warnings == 0)
-    );
-    s += &format!(
-        "abrupt detection: worst {} min (target <= {TARGET_DETECTION_MINUTES}: {})\n",
-        opt(m.max_detection_minutes, 1),
-        ok(m.detection_target_met)
-    );
+    // (what, value, target, met): one line each.
+    let targets = [
+        (
+            format!("median lead (slow drifts, {} runs)", m.slow_drift_runs),
+            format!("{} days", opt(m.median_lead_days, 1)),
+            format!(">= {TARGET_LEAD_DAYS}"),
+            m.lead_target_met,
+        ),
+        (
+            "false alarms on healthy traces".into(),
+            format!("{} per week", opt(m.healthy_false_alarms_per_week, 2)),
+            format!("<= {TARGET_FALSE_ALARMS_PER_WEEK}"),
+            m.false_alarm_target_met,
+        ),
+        (
+            "lowest lead (slow drifts)".into(),
+            format!("{} days", opt(m.min_lead_days, 1)),
+            format!(">= {TARGET_MIN_LEAD_DAYS}"),
+            m.min_lead_target_met,
+        ),
+        (
+            "median |said - lead| at the first warning".into(),
+            format!("{} days", opt(m.median_said_error_days, 2)),
+            format!("<= {TARGET_SAID_ERROR_DAYS}"),
+            m.said_error_target_met,
+        ),
+        (
+            "early warnings on traps".into(),
+            format!("{} over {} runs", m.trap_warnings, m.trap_runs),
+            "0".into(),
+            m.trap_warnings == 0,
+        ),
+        (
+            "abrupt detection".into(),
+            format!("worst {} min", opt(m.max_detection_minutes, 1)),
+            format!("<= {TARGET_DETECTION_MINUTES}"),
+            m.detection_target_met,
+        ),
+    ];
+    for (what, value, target, met) in targets {
+        s += &format!("{what}: {value} (target {target}: {})\n", if met { "met" } else { "MISSED" });
+    }
     s
 }
 
