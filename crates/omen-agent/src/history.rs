@@ -83,21 +83,15 @@ impl Partial {
     /// (replicas, earlier pods) merge: counts and sums add, the extremes stay extremes, and
     /// a quantile is the highest of theirs, as the forecast would take the worst series.
     fn merge(&mut self, statistic: Statistic, value: f64) {
-        let merged = |slot: &mut Option<f64>, f: fn(f64, f64) -> f64| {
-            *slot = Some(slot.map_or(value, |v| f(v, value)))
+        type Combine = fn(f64, f64) -> f64;
+        let (slot, combine): (&mut Option<f64>, Combine) = match statistic {
+            Statistic::Count => (&mut self.count, |a, b| a + b),
+            Statistic::Sum => (&mut self.sum, |a, b| a + b),
+            Statistic::Min => (&mut self.min, f64::min),
+            Statistic::Max => (&mut self.max, f64::max),
+            Statistic::Quantile(i, _) => (&mut self.quantiles[i], f64::max),
         };
-        match statistic {
-            Statistic::Count => merged(&mut self.count, |a, b| a + b),
-            Statistic::Sum => merged(&mut self.sum, |a, b| a + b),
-            Statistic::Min => merged(&mut self.min, f64::min),
-            Statistic::Max | Statistic::Quantile(..) => {
-                let slot = match statistic {
-                    Statistic::Quantile(i, _) => &mut self.quantiles[i],
-                    _ => &mut self.max,
-                };
-                merged(slot, f64::max)
-            }
-        }
+        *slot = Some(slot.map_or(value, |v| combine(v, value)));
     }
 
     /// The day aggregate, once every statistic arrived for a day with samples.

@@ -96,7 +96,7 @@ impl FaultKind {
     pub fn slo(self) -> Option<(&'static str, SloIndicator, f64, Direction)> {
         match self {
             FaultKind::Healthy => None,
-            FaultKind::KvFragmentationCreep => {
+            FaultKind::KvFragmentationCreep | FaultKind::KvfStep => {
                 Some(("kvf", SloIndicator::Kvf, omen_signals::KVF_ALERT_THRESHOLD, Direction::Above))
             }
             FaultKind::VramLeak => {
@@ -104,9 +104,6 @@ impl FaultKind {
             }
             FaultKind::TtftP99Drift | FaultKind::BatchSaturationKnee | FaultKind::LoadSurge => {
                 Some(("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above))
-            }
-            FaultKind::KvfStep => {
-                Some(("kvf", SloIndicator::Kvf, omen_signals::KVF_ALERT_THRESHOLD, Direction::Above))
             }
             FaultKind::ConsistencyDecay => Some(("rci", SloIndicator::Rci, 0.5, Direction::Above)),
         }

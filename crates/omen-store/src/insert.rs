@@ -12,8 +12,64 @@ use crate::minutes::{
     close_stale_minutes, flush_open_minutes, log_entry, minute_of, upsert_minute, MinuteFold, SeriesMinutes,
     UPSERT_MINUTE,
 };
+use crate::query::Catalog;
 use crate::schema::labels_json;
-use crate::{SeriesId, Store, Writer};
+use crate::{SeriesId, SeriesIds, Store, Writer};
+
+/// Creates a series row.
+pub(crate) const INSERT_SERIES: &str = "INSERT INTO series (signal, labels) VALUES (?1, ?2)";
+
+/// Series created inside one write transaction. The writer's ids know them at once (later
+/// rows of the same transaction find them); the catalog learns them after the commit, and
+/// the writer forgets them again when the transaction fails.
+#[derive(Default)]
+pub(crate) struct NewSeries(Vec<(SeriesId, SeriesKey)>);
+
+impl NewSeries {
+    /// The id of series `key`, created in `tx` (with `insert`, a prepared [`INSERT_SERIES`])
+    /// when `series_ids` does not know it.
+    pub(crate) fn id(
+        &mut self,
+        tx: &rusqlite::Connection,
+        insert: &mut rusqlite::CachedStatement<'_>,
+        series_ids: &mut SeriesIds,
+        signal: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<SeriesId> {
+        if let Some(id) = series_ids.get(signal).and_then(|f| f.get(labels)) {
+            return Ok(*id);
+        }
+        insert.execute(params![signal, labels_json(labels)])?;
+        let id = tx.last_insert_rowid();
+        self.0.push((id, SeriesKey { signal: signal.to_owned(), labels: labels.clone() }));
+        let family = match series_ids.get_mut(signal) {
+            Some(f) => f,
+            None => series_ids.entry(signal.to_owned()).or_default(),
+        };
+        family.insert(labels.clone(), id);
+        Ok(id)
+    }
+
+    /// After the commit: range queries find the new series.
+    pub(crate) fn publish(self, catalog: &std::sync::RwLock<Catalog>) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut catalog = catalog.write().unwrap_or_else(|e| e.into_inner());
+        for (id, key) in self.0 {
+            catalog.entry(key.signal).or_default().push((id, key.labels));
+        }
+    }
+
+    /// After a failed transaction: the ids handed out inside it are void.
+    pub(crate) fn forget(&self, series_ids: &mut SeriesIds) {
+        for (_, key) in &self.0 {
+            if let Some(f) = series_ids.get_mut(&key.signal) {
+                f.remove(&key.labels);
+            }
+        }
+    }
+}
 
 impl Store {
     /// Writes samples and their minute aggregates in one transaction; returns after commit.
@@ -40,7 +96,7 @@ impl Store {
             return Ok(());
         }
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let mut created: Vec<(i64, SeriesKey)> = Vec::new();
+        let mut created = NewSeries::default();
         let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
         let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
         match result {
@@ -59,12 +115,7 @@ impl Store {
                     );
                 }
                 self.changed();
-                if !created.is_empty() {
-                    let mut catalog = self.catalog.write().unwrap_or_else(|e| e.into_inner());
-                    for (id, key) in created {
-                        catalog.entry(key.signal).or_default().push((id, key.labels));
-                    }
-                }
+                created.publish(&self.catalog);
                 if w.offline {
                     w.held_writes += 1;
                     if w.held_writes >= crate::HELD_WRITES_MAX {
@@ -77,11 +128,7 @@ impl Store {
                 // The transaction rolled back: ids handed out inside it are void, and the
                 // open minutes go back to what was committed.
                 let Writer { series_ids, minutes, .. } = &mut *w;
-                for (_, key) in &created {
-                    if let Some(f) = series_ids.get_mut(&key.signal) {
-                        f.remove(&key.labels);
-                    }
-                }
+                created.forget(series_ids);
                 // Newest first, so that each series ends at its state before the batch.
                 for (id, before) in undo.into_iter().rev() {
                     *minutes.slot(id) = before;
@@ -105,7 +152,7 @@ impl Store {
 /// open minutes are updated in place; `undo` records a series' state before each change.
 fn insert_batch(
     w: &mut Writer,
-    created: &mut Vec<(i64, SeriesKey)>,
+    created: &mut NewSeries,
     undo: &mut Vec<(i64, SeriesMinutes)>,
     samples: &[Sample],
     keep_raw: &[bool],
@@ -118,28 +165,16 @@ fn insert_batch(
     let mut logged_minute = i64::MIN;
     let mut batch_newest_minute = i64::MIN;
     {
-        let mut new_series = tx.prepare_cached("INSERT INTO series (signal, labels) VALUES (?1, ?2)")?;
+        let mut new_series = tx.prepare_cached(INSERT_SERIES)?;
         let mut insert =
             tx.prepare_cached("INSERT INTO samples (series_id, ts_ms, value) VALUES (?1, ?2, ?3)")?;
         let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;
         // Samples for a minute that is no longer open (late or replayed data), folded per batch.
         let mut late: HashMap<(i64, i64), MinuteFold> = HashMap::new();
         for (i, s) in samples.iter().enumerate() {
-            let known = ids.get(i).copied().flatten();
-            let id = match known.or_else(|| series_ids.get(&s.signal).and_then(|f| f.get(&s.labels)).copied())
-            {
+            let id = match ids.get(i).copied().flatten() {
                 Some(id) => id,
-                None => {
-                    new_series.execute(params![s.signal, labels_json(&s.labels)])?;
-                    let id = tx.last_insert_rowid();
-                    created.push((id, s.series_key()));
-                    let family = match series_ids.get_mut(&s.signal) {
-                        Some(f) => f,
-                        None => series_ids.entry(s.signal.clone()).or_default(),
-                    };
-                    family.insert(s.labels.clone(), id);
-                    id
-                }
+                None => created.id(&tx, &mut new_series, series_ids, &s.signal, &s.labels)?,
             };
             if let Some(slot) = ids.get_mut(i) {
                 *slot = Some(id);

@@ -8,11 +8,12 @@ use anyhow::Result;
 use omen_signals::{quantile_linear, DAY_MS};
 use rusqlite::params;
 
-use omen_sources::SeriesKey;
-
 use crate::blocks::{newest_raw_ts, raw_from_blocks, MINUTE_BLOCK_MS, RAW_BLOCK_MS};
-use crate::schema::labels_json;
-use crate::{DayAggregate, Store, Writer};
+use crate::insert::{NewSeries, INSERT_SERIES};
+use crate::{DayAggregate, SeriesIds, Store, Writer};
+
+/// Writes (or replaces) one series' aggregate of one day.
+const UPSERT_DAY: &str = "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 
 /// Blocks of each tier one [`Store::apply_retention`] call deletes at most: an hour of
 /// raw blocks of 8 GPUs x 80 layers (values and anomaly scores).
@@ -60,9 +61,7 @@ impl Store {
             let mut rows = tx.prepare_cached(
                 "SELECT value FROM samples WHERE series_id = ?1 AND ts_ms >= ?2 AND ts_ms < ?3",
             )?;
-            let mut upsert = tx.prepare_cached(
-                "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?;
+            let mut upsert = tx.prepare_cached(UPSERT_DAY)?;
             let mut values: Vec<f64> = Vec::new();
             for id in ids {
                 values.clear();
@@ -116,47 +115,18 @@ impl Store {
         }
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let Writer { conn, series_ids, .. } = &mut *w;
-        let mut created: Vec<(i64, SeriesKey)> = Vec::new();
-        let tx = conn.savepoint()?;
-        {
-            let mut new_series = tx.prepare_cached("INSERT INTO series (signal, labels) VALUES (?1, ?2)")?;
-            let mut upsert = tx.prepare_cached(
-                "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?;
-            for d in rows {
-                let known = series_ids.get(&d.key.signal).and_then(|f| f.get(&d.key.labels)).copied();
-                let known = known.or_else(|| created.iter().find(|(_, k)| *k == d.key).map(|(id, _)| *id));
-                let id = match known {
-                    Some(id) => id,
-                    None => {
-                        new_series.execute(params![d.key.signal, labels_json(&d.key.labels)])?;
-                        let id = tx.last_insert_rowid();
-                        created.push((id, d.key.clone()));
-                        id
-                    }
-                };
-                upsert.execute(params![
-                    id,
-                    d.day_ms,
-                    d.count,
-                    d.mean * d.count as f64,
-                    d.min,
-                    d.max,
-                    d.p50,
-                    d.p95,
-                    d.p99
-                ])?;
+        let mut created = NewSeries::default();
+        match write_day_aggregates(conn, series_ids, &mut created, rows) {
+            Ok(()) => {
+                created.publish(&self.catalog);
+                self.changed();
+                Ok(rows.len())
+            }
+            Err(e) => {
+                created.forget(series_ids);
+                Err(e)
             }
         }
-        tx.commit()?;
-        let mut catalog = self.catalog.write().unwrap_or_else(|e| e.into_inner());
-        for (id, key) in created {
-            series_ids.entry(key.signal.clone()).or_default().insert(key.labels.clone(), id);
-            catalog.entry(key.signal).or_default().push((id, key.labels));
-        }
-        drop(catalog);
-        self.changed();
-        Ok(rows.len())
     }
 
     /// Deletes raw samples, minute and day aggregates older than their retention, relative to
@@ -216,6 +186,36 @@ impl Store {
         }
         Ok(n)
     }
+}
+
+/// [`Store::insert_day_aggregates`]' transaction.
+fn write_day_aggregates(
+    conn: &mut rusqlite::Connection,
+    series_ids: &mut SeriesIds,
+    created: &mut NewSeries,
+    rows: &[DayAggregate],
+) -> Result<()> {
+    let tx = conn.savepoint()?;
+    {
+        let mut new_series = tx.prepare_cached(INSERT_SERIES)?;
+        let mut upsert = tx.prepare_cached(UPSERT_DAY)?;
+        for d in rows {
+            let id = created.id(&tx, &mut new_series, series_ids, &d.key.signal, &d.key.labels)?;
+            upsert.execute(params![
+                id,
+                d.day_ms,
+                d.count,
+                d.mean * d.count as f64,
+                d.min,
+                d.max,
+                d.p50,
+                d.p95,
+                d.p99
+            ])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -87,19 +87,16 @@ impl Engine {
                 .collect();
             let threshold = scale.apply(slo.threshold);
             let direction = if scale == TrendScale::Reciprocal { direction.flipped() } else { direction };
+            let (mut x, mut y): (Vec<f64>, Vec<f64>) = points.into_iter().unzip();
             // The current regime only: the days before a significant level shift are left
             // out, and a new regime is forecast once it has min_days of its own.
-            let points = if f.regimes {
-                let x: Vec<f64> = points.iter().map(|d| d.0).collect();
-                let y: Vec<f64> = points.iter().map(|d| d.1).collect();
-                points[current_regime_start(&x, &y)..].to_vec()
-            } else {
-                points
-            };
-            fc.days = points.len();
-            if points.len() >= f.min_days {
-                let x: Vec<f64> = points.iter().map(|d| d.0).collect();
-                let mut y: Vec<f64> = points.iter().map(|d| d.1).collect();
+            if f.regimes {
+                let start = current_regime_start(&x, &y);
+                x.drain(..start);
+                y.drain(..start);
+            }
+            fc.days = x.len();
+            if x.len() >= f.min_days {
                 // The trend of the series less its weekly cycle; the breach on its worst weekday.
                 let mut threshold = threshold;
                 if f.weekly_profile {
