@@ -496,6 +496,15 @@ impl TrendScale {
             Self::Reciprocal => 1.0 / value,
         }
     }
+
+    /// The indicator's value at `scaled` on this scale (the inverse of [`Self::apply`]).
+    pub fn invert(self, scaled: f64) -> f64 {
+        match self {
+            Self::Linear => scaled,
+            Self::Log => scaled.exp(),
+            Self::Reciprocal => 1.0 / scaled,
+        }
+    }
 }
 
 /// Daily SLO indicators.

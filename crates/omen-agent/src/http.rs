@@ -286,6 +286,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/readyz", get(readyz))
         .route("/scores", get(scores))
         .route("/scores/latest", get(scores_latest))
+        .route("/scores/forecast", get(scores_forecast))
         .route("/v1/ingest/{kind}", post(ingest_handler))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::from_fn(move |request, next| {
@@ -666,6 +667,50 @@ async fn scores_latest(
     };
     Ok(([(header::CONTENT_TYPE, "application/json"), (header::VARY, "accept-encoding")], body)
         .into_response())
+}
+
+/// `GET /scores/forecast?slo=NAME[&format=svg]`: one SLO's latest forecast with the daily
+/// indicator it was fitted to, the trend and its interval, and the warning (JSON, or the
+/// picture as SVG).
+async fn scores_forecast(
+    State(st): State<AppState>,
+    Query(mut q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let slo = q.remove("slo");
+    let format = q.remove("format").unwrap_or_else(|| "json".into());
+    if let Some(extra) = q.keys().next() {
+        return Err(ApiError::bad(extra, "unknown parameter; /scores/forecast takes slo and format"));
+    }
+    if !["json", "svg"].contains(&format.as_str()) {
+        return Err(ApiError::bad("format", format!("{format:?} is not a format; use json or svg")));
+    }
+    let summary = st.summary.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let Some(summary) = summary else {
+        return Err(ApiError::unavailable(
+            "no forecast yet: the pipeline has not ticked (it does every health.interval once samples arrive)",
+        ));
+    };
+    let names = || summary.forecasts.iter().map(|f| f.slo.as_str()).collect::<Vec<_>>().join(", ");
+    let Some(slo) = slo else {
+        return Err(ApiError::bad("slo", format!("missing; name one of the configured SLOs: {}", names())));
+    };
+    let Some(forecast) = summary.forecasts.iter().find(|f| f.slo == slo) else {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            field: Some("slo".into()),
+            message: format!("no SLO named {slo:?}; the configured SLOs are: {}", names()),
+        });
+    };
+    let view = crate::forecast_view::ForecastView::of(forecast, summary.ts_ms);
+    if format == "svg" {
+        let svg = view.svg().map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            field: None,
+            message: e,
+        })?;
+        return Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response());
+    }
+    Ok(Json(view).into_response())
 }
 
 #[cfg(test)]

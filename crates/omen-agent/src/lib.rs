@@ -5,6 +5,7 @@
 pub mod config;
 pub mod detector;
 pub mod engine;
+pub mod forecast_view;
 pub mod history;
 pub mod http;
 #[cfg(feature = "lstm")]

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use omen_agent::config::Config;
 use omen_agent::engine::{AlertEvent, Engine, HealthSummary, Level};
+use omen_agent::forecast_view::ForecastView;
 use omen_agent::metrics::LiveMetrics;
 use omen_signals::catalogue;
 use omen_store::{Resolution, Store};
@@ -32,6 +33,9 @@ pub struct ReplayReport {
     pub events: Vec<AlertEvent>,
     /// The summary at the end of the trace.
     pub final_summary: Option<HealthSummary>,
+    /// Each SLO's forecast at the end of the trace over the trace's whole daily indicator,
+    /// with its warning; drawn in forecast-<slo>.svg.
+    pub forecasts: Vec<ForecastView>,
 }
 
 /// Runs the pipeline over `trace` and writes report.json, report.svg and omen.db into `out`.
@@ -53,6 +57,12 @@ pub fn replay(mut cfg: Config, trace: &Path, out: &Path) -> Result<()> {
     let store = Store::open(&db)?;
     let svg_path = out.join("report.svg");
     plot(&report, &store, &svg_path)?;
+    for view in &report.forecasts {
+        let path = out.join(format!("forecast-{}.svg", view.slo));
+        std::fs::write(&path, view.svg().map_err(anyhow::Error::msg)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("{}", forecast_line(view));
+    }
     let warnings = report.events.iter().filter(|e| e.level != Level::Ok).count();
     println!(
         "replayed {} samples ({} .. {}); {} alert transition(s), {} warning or worse; wrote {}, {} and {}",
@@ -68,6 +78,36 @@ pub fn replay(mut cfg: Config, trace: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// One SLO's outcome in words: its warning, what it said, and the first day beyond the
+/// threshold with the lead the warning gave.
+fn forecast_line(view: &ForecastView) -> String {
+    let mut line = format!("  {}: ", view.slo);
+    match &view.warning {
+        Some(w) => {
+            line += &format!("warned {}", &w.since[..16.min(w.since.len())].replace('T', " "));
+            if let Some(d) = w.days_to_breach {
+                line += &format!(", saying {d:.1} days to breach");
+            }
+        }
+        None => line += "no warning",
+    }
+    match (&view.first_day_beyond, &view.warning) {
+        (Some(day), Some(w)) => {
+            let lead = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+                .ok()
+                .zip(chrono::DateTime::parse_from_rfc3339(&w.since).ok())
+                .map(|(d, s)| (d.and_hms_opt(12, 0, 0).unwrap().and_utc().timestamp_millis() - s.timestamp_millis()) as f64 / 86_400_000.0);
+            line += &format!("; first day beyond {}: {day}", view.threshold);
+            if let Some(lead) = lead {
+                line += &format!(" ({lead:.1} days after the warning)");
+            }
+        }
+        (Some(day), None) => line += &format!("; first day beyond {}: {day}", view.threshold),
+        (None, _) => line += &format!("; no day beyond {}", view.threshold),
+    }
+    line
+}
+
 /// A time stamp as reports show it (UTC, to the minute).
 pub(crate) fn fmt_ts(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -79,7 +119,7 @@ pub(crate) fn fmt_ts(ms: i64) -> String {
 pub fn replay_into(cfg: Arc<Config>, trace: &Path, db: &Path) -> Result<ReplayReport> {
     // The report can be rebuilt from the trace: commit at reads, not at every batch.
     let store = Arc::new(Store::open_offline(db)?);
-    let mut engine = Engine::new(cfg, store, Arc::new(LiveMetrics::new()))?;
+    let mut engine = Engine::new(cfg, store.clone(), Arc::new(LiveMetrics::new()))?;
     let summary = engine.summary_handle();
     let (mut samples, mut first, mut last) = (0usize, i64::MAX, i64::MIN);
     let mut timeline = Vec::new();
@@ -104,7 +144,14 @@ pub fn replay_into(cfg: Arc<Config>, trace: &Path, db: &Path) -> Result<ReplayRe
     if samples == 0 {
         anyhow::bail!("{} holds no samples", trace.display());
     }
-    let final_summary = Some(engine.tick(last)?);
+    let final_summary = engine.tick(last)?;
+    let (day_from, day_until) = (first.div_euclid(omen_store::DAY_MS) * omen_store::DAY_MS, last + 1);
+    let mut forecasts = Vec::new();
+    for f in &final_summary.forecasts {
+        let daily = omen_agent::engine::daily_indicator(&store, f.indicator, day_from, day_until)?;
+        forecasts.push(ForecastView::with_daily(f, final_summary.ts_ms, &daily));
+    }
+    let final_summary = Some(final_summary);
     Ok(ReplayReport {
         trace: trace.display().to_string(),
         samples,
@@ -113,6 +160,7 @@ pub fn replay_into(cfg: Arc<Config>, trace: &Path, db: &Path) -> Result<ReplayRe
         health_timeline: timeline,
         events: engine.events().to_vec(),
         final_summary,
+        forecasts,
     })
 }
 

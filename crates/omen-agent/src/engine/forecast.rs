@@ -24,8 +24,12 @@ const SECONDS_PER_DAY: f64 = 86_400.0;
 pub struct SloForecast {
     /// SLO name.
     pub slo: String,
+    /// The daily indicator.
+    pub indicator: SloIndicator,
     /// Threshold.
     pub threshold: f64,
+    /// Which side of the threshold is a breach.
+    pub direction: Direction,
     /// Days of data the trend used.
     pub days: usize,
     /// Latest point the trend used: the worst daily value of the last `worst_of_days` days.
@@ -39,8 +43,89 @@ pub struct SloForecast {
     pub days_to_breach: Option<f64>,
     /// Far end of the interval.
     pub days_to_breach_upper: Option<f64>,
-    /// Early warning: breach and the interval's far end within the horizon.
+    /// Early warning: the breach is within the lead (`horizon_days`) and the whole slope
+    /// interval points towards it.
     pub early_warning: bool,
+    /// The current early warning: when it started and what it said then; `None` without one.
+    pub warned: Option<WarnedForecast>,
+    /// The daily indicator the trend was fitted to: (day midpoint in days since the epoch,
+    /// value), oldest first, the whole lookback (the days before the regime included).
+    #[serde(skip)]
+    pub daily: Vec<(f64, f64)>,
+    /// The fitted trend, to draw it; `None` before `min_days` days.
+    #[serde(skip)]
+    pub trend: Option<FittedTrend>,
+}
+
+/// An early warning as it stood when it started.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarnedForecast {
+    /// When the warning started, Unix ms.
+    pub since_ms: i64,
+    /// The days to breach it said then.
+    pub days_to_breach: Option<f64>,
+    /// The far end of its interval then.
+    pub days_to_breach_upper: Option<f64>,
+    /// The trend it was drawn from.
+    #[serde(skip)]
+    pub trend: Option<FittedTrend>,
+}
+
+/// A forecast's trend, enough to draw it: the line on the trend scale through
+/// (`x_median`, `y_median`) with the central slope and the interval's two ends, shifted to
+/// the worst weekday when a weekly profile was used. Days count since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FittedTrend {
+    /// First day (midpoint) of the regime the line was fitted to.
+    pub from_day: f64,
+    /// The day the forecast was made (the tick's time, in days).
+    pub now_day: f64,
+    /// The point every slope of the interval passes through (trend scale).
+    pub x_median: f64,
+    /// See `x_median`.
+    pub y_median: f64,
+    /// Central slope per day (trend scale).
+    pub slope: f64,
+    /// The interval's ends (trend scale).
+    pub low_slope: f64,
+    /// See `low_slope`.
+    pub high_slope: f64,
+    /// The worst weekday's offset added to the line (trend scale; 0 without a profile).
+    pub worst_weekday_offset: f64,
+    /// The scale of the line.
+    pub scale: TrendScale,
+}
+
+impl FittedTrend {
+    /// The worst-weekday trend at `day` in the indicator's units: the central line and the
+    /// lowest and highest of the interval's lines (low <= central <= high).
+    pub fn at(&self, day: f64) -> TrendPoint {
+        let on_scale = |slope: f64| {
+            let t = self.y_median + slope * (day - self.x_median) + self.worst_weekday_offset;
+            // 1/x at or below 0 is beyond every value of x: the line has passed infinity.
+            if self.scale == TrendScale::Reciprocal && t <= 0.0 {
+                f64::INFINITY
+            } else {
+                self.scale.invert(t)
+            }
+        };
+        let central = on_scale(self.slope);
+        let [a, b] = [self.low_slope, self.high_slope].map(on_scale);
+        TrendPoint { day, central, low: a.min(b).min(central), high: a.max(b).max(central) }
+    }
+}
+
+/// One day of a drawn trend, in the indicator's units.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TrendPoint {
+    /// Days since the epoch.
+    pub day: f64,
+    /// The central line.
+    pub central: f64,
+    /// The interval's lower line.
+    pub low: f64,
+    /// The interval's upper line.
+    pub high: f64,
 }
 
 impl Engine {
@@ -68,7 +153,9 @@ impl Engine {
             let scale = slo.trend_scale();
             let mut fc = SloForecast {
                 slo: slo.name.clone(),
+                indicator: slo.indicator,
                 threshold: slo.threshold,
+                direction: slo.direction,
                 days: daily.len(),
                 latest: daily.last().map(|d| d.1),
                 slope_per_day: None,
@@ -76,6 +163,9 @@ impl Engine {
                 days_to_breach: None,
                 days_to_breach_upper: None,
                 early_warning: false,
+                warned: None,
+                daily: raw.clone(),
+                trend: None,
             };
             // On a log or reciprocal scale, non-positive days (a latency of 0 is a broken probe)
             // are left out; 1/x falls as x rises, so on the reciprocal scale the breach
@@ -98,19 +188,31 @@ impl Engine {
             fc.days = x.len();
             if x.len() >= f.min_days {
                 // The trend of the series less its weekly cycle; the breach on its worst weekday.
-                let mut threshold = threshold;
+                let mut worst_weekday_offset = 0.0;
                 if f.weekly_profile {
                     if let Some(profile) = WeeklyProfile::of(&x, &y) {
                         y = profile.adjust(&x, &y);
-                        threshold -= profile.worst(direction);
+                        worst_weekday_offset = profile.worst(direction);
                     }
                 }
                 if let Ok(fit) = theil_sen(&x, &y, f.confidence) {
-                    let b = days_to_breach(&fit, now_ms as f64 / DAY_MS as f64, threshold, direction);
+                    let now_day = now_ms as f64 / DAY_MS as f64;
+                    let b = days_to_breach(&fit, now_day, threshold - worst_weekday_offset, direction);
                     fc.slope_per_day = Some(fit.slope);
                     fc.days_to_breach = b.days_to_breach;
                     fc.days_to_breach_upper = b.latest_days;
                     fc.early_warning = b.warns(f.horizon_days);
+                    fc.trend = Some(FittedTrend {
+                        from_day: x[0],
+                        now_day,
+                        x_median: fit.x_median,
+                        y_median: fit.y_median,
+                        slope: fit.slope,
+                        low_slope: fit.low_slope,
+                        high_slope: fit.high_slope,
+                        worst_weekday_offset,
+                        scale,
+                    });
                 }
             }
             out.push(fc);
@@ -119,11 +221,12 @@ impl Engine {
     }
 
     /// Publishes each forecast's time to breach in seconds (withdrawn when not forecast), adds them to
-    /// the tick's samples, and records an alert event when an SLO's early warning changes.
+    /// the tick's samples, records an alert event when an SLO's early warning changes, and
+    /// attaches to each forecast the warning it is under.
     pub(super) fn publish_forecasts(
         &mut self,
         now_ms: i64,
-        forecasts: &[SloForecast],
+        forecasts: &mut [SloForecast],
         out: &mut Vec<Sample>,
     ) {
         for f in forecasts {
@@ -146,7 +249,19 @@ impl Engine {
                     None => self.live.remove_gauge(name, &to_labels(&labels)),
                 }
             }
-            let was = self.warnings.insert(f.slo.clone(), f.early_warning).unwrap_or(false);
+            let was = self.warnings.contains_key(&f.slo);
+            if f.early_warning && !was {
+                let warned = WarnedForecast {
+                    since_ms: now_ms,
+                    days_to_breach: f.days_to_breach,
+                    days_to_breach_upper: f.days_to_breach_upper,
+                    trend: f.trend,
+                };
+                self.warnings.insert(f.slo.clone(), warned);
+            } else if !f.early_warning {
+                self.warnings.remove(&f.slo);
+            }
+            f.warned = self.warnings.get(&f.slo).cloned();
             if was != f.early_warning {
                 self.events.push(AlertEvent {
                     ts_ms: now_ms,
@@ -176,17 +291,26 @@ impl Engine {
                 return Ok(days.clone());
             }
         }
-        let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-        for d in self.store.day_aggregates(def.signal, from_ms, until_ms)? {
-            by_day.entry(d.day_ms).or_default().push(def.statistic.of_aggregate(&d));
-        }
-        let days: Vec<(f64, f64)> = by_day
-            .into_iter()
-            .map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v)))
-            .collect();
+        let days = daily_indicator(&self.store, slo.indicator, from_ms, until_ms)?;
         self.daily_cache.insert(def, (key, days.clone()));
         Ok(days)
     }
+}
+
+/// `indicator`'s daily values from the store's day aggregates of the days in [from, until):
+/// (day midpoint in days since the epoch, value), oldest first.
+pub fn daily_indicator(
+    store: &omen_store::Store,
+    indicator: SloIndicator,
+    from_ms: i64,
+    until_ms: i64,
+) -> Result<Vec<(f64, f64)>> {
+    let def = IndicatorDefinition::of(indicator);
+    let mut by_day: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    for d in store.day_aggregates(def.signal, from_ms, until_ms)? {
+        by_day.entry(d.day_ms).or_default().push(def.statistic.of_aggregate(&d));
+    }
+    Ok(by_day.into_iter().map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v))).collect())
 }
 
 /// What a cached daily indicator was read for (see [`Engine::daily_indicator`]).
@@ -326,16 +450,36 @@ mod tests {
         // p95 of a day is ~0.02 above its mean; the 0.95 line is crossed in about 3-6 days
         assert!(d > 2.0 && d < 8.0, "{kv:?}");
         assert!(kv.early_warning);
+        // The warning keeps the forecast it started with (at an earlier tick, on fewer days,
+        // predicting the same breach day); the view draws it over the days.
+        let warned = kv.warned.as_ref().unwrap();
+        assert!(warned.since_ms < t0 + 12 * DAY_MS && warned.trend.is_some(), "{warned:?}");
+        let said_breach = warned.since_ms as f64 / DAY_MS as f64 + warned.days_to_breach.unwrap();
+        assert!((said_breach - (12.0 + d + t0 as f64 / DAY_MS as f64)).abs() < 0.5, "{warned:?}");
+        let trend = kv.trend.unwrap();
+        let at_breach = trend.at(trend.now_day + d);
+        assert!((at_breach.central - 0.95).abs() < 1e-9, "{at_breach:?}");
+        assert!(at_breach.low <= at_breach.central && at_breach.central <= at_breach.high);
+        let view = crate::forecast_view::ForecastView::of(kv, s.ts_ms);
+        assert_eq!(view.daily.len(), 12);
+        assert!(view.warning.as_ref().unwrap().since.starts_with("2026-11-"), "{view:?}");
+        assert!(view.trend.len() >= 12 + 14, "from the first day to 14 days ahead: {}", view.trend.len());
+        let svg = view.svg().unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("threshold 0.95") && svg.contains("warning started"));
         assert!(s.health_score >= 0.6);
         assert!(e.events().iter().any(|ev| ev.alert == "forecast:kv_usage"));
         // The day aggregates are read once per day: another tick of the day, and an
-        // engine that starts afresh on the same store, give the same forecasts.
+        // engine that starts afresh on the same store, give the same forecasts (a fresh
+        // engine's warnings start at its first tick).
         let again = e.tick(t0 + 12 * DAY_MS).unwrap();
-        let fresh =
+        let mut fresh =
             engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n").tick(t0 + 12 * DAY_MS).unwrap();
-        for other in [&again, &fresh] {
-            assert_eq!(format!("{:?}", other.forecasts), format!("{:?}", s.forecasts));
+        assert_eq!(format!("{:?}", again.forecasts), format!("{:?}", s.forecasts));
+        let mut started_now = s.forecasts.clone();
+        for f in started_now.iter_mut().chain(fresh.forecasts.iter_mut()) {
+            f.warned = None;
         }
+        assert_eq!(format!("{:?}", fresh.forecasts), format!("{:?}", started_now));
         let ttft = s.forecasts.iter().find(|f| f.slo == "ttft_p99").unwrap();
         assert!(ttft.days_to_breach.is_none() && !ttft.early_warning);
     }
@@ -454,6 +598,12 @@ mod tests {
         let f = queueing_ttft_forecast("reciprocal");
         assert_eq!(f.scale, TrendScale::Reciprocal);
         let d = f.days_to_breach.unwrap();
+        // Drawn in seconds: the hyperbola through the threshold at the breach, and past the
+        // day 1/TTFT reaches 0 (rho = 1), beyond every latency.
+        let trend = f.trend.unwrap();
+        assert!((trend.at(trend.now_day + d).central - 2.0).abs() < 1e-9, "{trend:?}");
+        let rho_one = (1.0 - 0.5) / 0.015 + 0.5;
+        assert!(trend.at(trend.from_day + rho_one + 1.0).central.is_infinite(), "{trend:?}");
         assert!((d - (0.4 / 0.015 + 0.5 - 18.0)).abs() < 1e-6, "{f:?}");
         assert!((f.days_to_breach_upper.unwrap() - d).abs() < 1e-6, "an exact line has no spread: {f:?}");
         assert!(f.early_warning, "{f:?}");

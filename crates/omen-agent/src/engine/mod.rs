@@ -29,7 +29,10 @@ use crate::metrics::{Labels, LiveMetrics};
 use omen_store::Store;
 
 pub use explain::{explain, LatencyAttribution, LatencyExplanation, LatencyModel};
-pub use forecast::{CombineSeries, DailyStatistic, IndicatorDefinition, SloForecast};
+pub use forecast::{
+    daily_indicator, CombineSeries, DailyStatistic, FittedTrend, IndicatorDefinition, SloForecast, TrendPoint,
+    WarnedForecast,
+};
 pub use health::{AlertEvent, Contributor, HealthSummary, Level, LevelShift, Reason};
 pub use limits::SeriesLimitExceeded;
 
@@ -56,8 +59,8 @@ pub struct Engine {
     daily_cache: HashMap<IndicatorDefinition, (forecast::DailyKey, Vec<(f64, f64)>)>,
     summary: Arc<RwLock<Option<HealthSummary>>>,
     health_level: Level,
-    /// Early warning per SLO at the last tick, for its transitions.
-    warnings: HashMap<String, bool>,
+    /// The SLOs under an early warning at the last tick, with the warning as it started.
+    warnings: HashMap<String, forecast::WarnedForecast>,
     events: Vec<AlertEvent>,
     /// Lasting level shifts, newest first (detection.rs).
     changes: std::collections::VecDeque<LevelShift>,
@@ -189,7 +192,7 @@ impl Engine {
         self.roll_up_days(now_ms)?;
         let contributors = self.contributors(now_ms);
         self.publish_risks(now_ms);
-        let forecasts = self.forecasts(now_ms)?;
+        let mut forecasts = self.forecasts(now_ms)?;
         // What the tick stores: the model's score, the health score, the forecasts.
         let mut out = std::mem::take(&mut self.pending_shifts);
         #[cfg(feature = "lstm")]
@@ -198,7 +201,7 @@ impl Engine {
         let level = Level::of(health, &self.cfg.health);
         let reasons = if level == Level::Ok { Vec::new() } else { self.reasons(&contributors, &forecasts) };
         self.publish_health(now_ms, health, &mut out);
-        self.publish_forecasts(now_ms, &forecasts, &mut out);
+        self.publish_forecasts(now_ms, &mut forecasts, &mut out);
         self.track_level(now_ms, level, &reasons);
         self.store.insert(&out)?;
         self.apply_retention(now_ms)?;
