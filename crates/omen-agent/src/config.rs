@@ -386,6 +386,10 @@ pub struct ForecastConfig {
     /// the daily values (a deploy, a restart), or after the point where a bending trend
     /// departs from a line.
     pub regimes: bool,
+    /// Days of the recent trend: when their slope interval lies wholly beyond the regime's,
+    /// towards the breach, the forecast follows them (a drift that accelerates); 0 turns it
+    /// off.
+    pub recent_days: usize,
     /// The SLOs.
     pub slos: Vec<SloConfig>,
 }
@@ -400,6 +404,7 @@ impl Default for ForecastConfig {
             worst_of_days: 1,
             weekly_profile: true,
             regimes: true,
+            recent_days: 7,
             slos: vec![
                 SloConfig::new("ttft_p99", SloIndicator::TtftP99, 2.0, Direction::Above),
                 SloConfig::new("kv_usage", SloIndicator::KvUsage, 0.95, Direction::Above),
@@ -833,6 +838,9 @@ fn validate_forecast(f: &ForecastConfig, p: &mut Problems) {
     }
     if f.lookback_days < f.min_days {
         p.bad("forecast.lookback_days", "must be >= forecast.min_days");
+    }
+    if (1..3).contains(&f.recent_days) {
+        p.bad("forecast.recent_days", "must be 0 (off) or at least 3 days for a trend");
     }
     if f.worst_of_days == 0 || f.worst_of_days > 31 {
         p.bad(

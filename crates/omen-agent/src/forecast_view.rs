@@ -195,12 +195,10 @@ impl ForecastView {
             .or(self.breach_at.as_deref())
             .and_then(day_of);
         let days = self.daily.iter().map(|d| d.day);
-        let trend_points = self.trend.iter().chain(self.warning.iter().flat_map(|w| &w.trend)).map(|t| t.point);
-        let xs: Vec<f64> = days
-            .chain(trend_points.clone().map(|p| p.day))
-            .chain(warned_day)
-            .chain(predicted_day)
-            .collect();
+        let trend_points =
+            self.trend.iter().chain(self.warning.iter().flat_map(|w| &w.trend)).map(|t| t.point);
+        let xs: Vec<f64> =
+            days.chain(trend_points.clone().map(|p| p.day)).chain(warned_day).chain(predicted_day).collect();
         let (x0, x1) = bounds(&xs).unwrap_or((0.0, 1.0));
         // The y range holds the data and the threshold; the trend's interval may leave it.
         let ys: Vec<f64> = self.daily.iter().map(|d| d.value).chain([self.threshold]).collect();
@@ -211,7 +209,13 @@ impl ForecastView {
 
         let root = SVGBackend::with_string(out, (1000, 460)).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut title = format!("{}: daily {} against {} {}", self.slo, indicator_name(self.indicator), direction_word(self.direction), self.threshold);
+        let mut title = format!(
+            "{}: daily {} against {} {}",
+            self.slo,
+            indicator_name(self.indicator),
+            direction_word(self.direction),
+            self.threshold
+        );
         if let Some(w) = &self.warning {
             title += &format!(
                 " | warned {} ({} days to breach)",
@@ -265,7 +269,12 @@ impl ForecastView {
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], orange.stroke_width(2)));
         }
         chart
-            .draw_series(DashedLineSeries::new([(x0 - 0.5, self.threshold), (x1 + 0.5, self.threshold)], 8, 6, RED.stroke_width(1)))?
+            .draw_series(DashedLineSeries::new(
+                [(x0 - 0.5, self.threshold), (x1 + 0.5, self.threshold)],
+                8,
+                6,
+                RED.stroke_width(1),
+            ))?
             .label(format!("threshold {}", self.threshold))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], RED));
         chart
@@ -275,9 +284,14 @@ impl ForecastView {
         chart.draw_series(self.daily.iter().map(|d| Circle::new((d.day, d.value), 3, BLACK.filled())))?;
         if let Some(day) = warned_day {
             chart
-                .draw_series(std::iter::once(PathElement::new([(day, y0), (day, y1)], orange.stroke_width(2))))?
+                .draw_series(std::iter::once(PathElement::new(
+                    [(day, y0), (day, y1)],
+                    orange.stroke_width(2),
+                )))?
                 .label("warning started")
-                .legend(move |(x, y)| PathElement::new([(x + 8, y - 6), (x + 8, y + 6)], orange.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x + 8, y - 6), (x + 8, y + 6)], orange.stroke_width(2))
+                });
         }
         if let Some(day) = predicted_day {
             chart
@@ -287,9 +301,14 @@ impl ForecastView {
         }
         if let Some(day) = self.first_day_beyond.as_deref().and_then(|d| day_of(&format!("{d}T12:00:00Z"))) {
             chart
-                .draw_series(std::iter::once(PathElement::new([(day, y0), (day, y1)], RED.mix(0.5).stroke_width(2))))?
+                .draw_series(std::iter::once(PathElement::new(
+                    [(day, y0), (day, y1)],
+                    RED.mix(0.5).stroke_width(2),
+                )))?
                 .label("first day beyond the threshold")
-                .legend(|(x, y)| PathElement::new([(x + 8, y - 6), (x + 8, y + 6)], RED.mix(0.5).stroke_width(2)));
+                .legend(|(x, y)| {
+                    PathElement::new([(x + 8, y - 6), (x + 8, y + 6)], RED.mix(0.5).stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

@@ -77,7 +77,8 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     // the indicator crossed 0.95, and said so.
     let view: Value =
         c.get(format!("{base}/scores/forecast?slo=kv_usage")).send().await.unwrap().json().await.unwrap();
-    let day_ms = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap().timestamp_millis() as f64 / 86_400_000.0;
+    let day_ms =
+        |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap().timestamp_millis() as f64 / 86_400_000.0;
     let warning = &view["warning"];
     let since = day_ms(warning["since"].as_str().unwrap_or_else(|| panic!("no warning in {view}")));
     let beyond = view["first_day_beyond"].as_str().unwrap_or_else(|| panic!("no breach in {view}"));
@@ -85,7 +86,9 @@ async fn demo_trace_raises_the_early_warning_and_flags_the_model_change() {
     assert!((14.0..=17.0).contains(&lead), "warned {lead:.1} days before the breach: {view}");
     let said = warning["days_to_breach"].as_f64().unwrap();
     assert!((said - lead).abs() <= 2.0, "said {said:.1} days, was {lead:.1}: {view}");
-    assert!(!warning["trend"].as_array().unwrap().is_empty() && view["daily"].as_array().unwrap().len() >= 28);
+    assert!(
+        !warning["trend"].as_array().unwrap().is_empty() && view["daily"].as_array().unwrap().len() >= 28
+    );
     let svg = c.get(format!("{base}/scores/forecast?slo=kv_usage&format=svg")).send().await.unwrap();
     assert_eq!(svg.headers()["content-type"], "image/svg+xml");
     let svg = svg.text().await.unwrap();

@@ -245,6 +245,10 @@ enum Command {
         /// Replays run at once (default: the number of CPUs).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
         jobs: Option<u64>,
+        /// Also score Prometheus' predict_linear(daily indicator[7d], 14 * 86400) alert on each
+        /// trace, computed by the real Prometheus (needs prometheus and promtool on PATH).
+        #[arg(long)]
+        baseline: bool,
     },
     #[cfg(feature = "lab")]
     /// Score omen's detectors and the published ones on NAB with NAB's own scoring, per
@@ -570,6 +574,8 @@ fn main() -> ExitCode {
         },
         #[cfg(feature = "lab")]
         Command::Replay { trace, out, config } => {
+            // What the trace reader put right (late samples, repeats, gaps) goes to stderr.
+            omen_agent::logging();
             let cfg = match config {
                 Some(path) => load_config(&path),
                 None => Ok(Config::default()),
@@ -647,7 +653,7 @@ fn main() -> ExitCode {
             evaluate_detectors(&nab, &skab, &published, json.as_deref(), no_progress)
         }
         #[cfg(feature = "lab")]
-        Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs } => {
+        Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs, baseline } => {
             // A full evaluation takes minutes: each finished run is logged to stderr.
             omen_agent::logging();
             let cfg = match config {
@@ -660,6 +666,7 @@ fn main() -> ExitCode {
                     || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
                     |j| j as usize,
                 ),
+                baseline,
             };
             cfg.and_then(|cfg| evaluate_warnings(&cfg, &scenarios, &out, work, options))
         }

@@ -26,6 +26,8 @@ pub const TARGET_DETECTION_MINUTES: f64 = 5.0;
 pub const TARGET_MIN_LEAD_DAYS: f64 = 10.0;
 /// Median |said - actual| of the first warnings, days.
 pub const TARGET_SAID_ERROR_DAYS: f64 = 2.0;
+/// Share of first warnings whose days-to-breach interval holds the actual lead.
+pub const TARGET_INTERVAL_COVERAGE: f64 = 0.8;
 
 /// The result of one scenario.
 #[derive(Debug, Clone, Serialize)]
@@ -44,6 +46,8 @@ pub struct ScenarioResult {
     pub lead_days: Option<f64>,
     /// What that first warning forecast: days to breach (compare with `lead_days`).
     pub warned_days_to_breach: Option<f64>,
+    /// The interval of days to breach that first warning gave.
+    pub warned_interval: Option<(f64, f64)>,
     /// First health >= warning at or after the onset minus the onset, minutes (abrupt faults).
     pub detection_minutes: Option<f64>,
     /// Alarm episodes (health rising to >= warning, or an early warning turning on) before the
@@ -57,6 +61,10 @@ pub struct ScenarioResult {
     pub trap_warnings: usize,
     /// Every alert transition, for inspection.
     pub events: Vec<AlertEvent>,
+    /// The same run scored on the baseline's alerts (`predict_linear` in the real
+    /// Prometheus, baseline.rs), when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Box<ScenarioResult>>,
 }
 
 /// One scenario over all its seeds.
@@ -113,6 +121,12 @@ pub struct Summary {
     pub median_said_error_days: Option<f64>,
     /// That median within 2 days.
     pub said_error_target_met: bool,
+    /// Share of the warned slow-drift runs whose first warning's interval holds the lead.
+    pub interval_coverage: Option<f64>,
+    /// Warned slow-drift runs with an interval, that share is over.
+    pub interval_runs: usize,
+    /// That share at least 80%.
+    pub interval_coverage_target_met: bool,
     /// Trap runs (faults that never breach).
     pub trap_runs: usize,
     /// Early warnings on traps, over all trap runs (target 0).
@@ -128,6 +142,8 @@ pub struct Report {
     pub by_scenario: Vec<ScenarioAggregate>,
     /// Aggregates and targets.
     pub summary: Summary,
+    /// The baseline's aggregates on the same runs, when asked for.
+    pub baseline_summary: Option<Summary>,
 }
 
 /// Scenario files (*.yaml, *.yml) in `dir`, sorted by name.
@@ -151,16 +167,25 @@ pub struct EvaluateOptions {
     pub seeds: usize,
     /// Replays run in parallel (at least 1); each is independent (own trace and store).
     pub jobs: usize,
+    /// Also score Prometheus' `predict_linear` alert on each trace, in the real Prometheus
+    /// (baseline.rs; needs `prometheus` and `promtool`).
+    pub baseline: bool,
 }
 
 impl Default for EvaluateOptions {
     fn default() -> Self {
-        Self { seeds: 1, jobs: 1 }
+        Self { seeds: 1, jobs: 1, baseline: false }
     }
 }
 
-/// Simulates and replays one scenario under `work` (trace, labels and store kept there).
-pub fn evaluate_one(cfg: &Config, scenario: &Scenario, work: &Path) -> Result<ScenarioResult> {
+/// Simulates and replays one scenario under `work` (trace, labels and store kept there),
+/// and with `baseline` scores the baseline's alerts on the same trace (in `work/baseline`).
+pub fn evaluate_one(
+    cfg: &Config,
+    scenario: &Scenario,
+    work: &Path,
+    baseline: bool,
+) -> Result<ScenarioResult> {
     let labels = simulate(scenario, work)?;
     let db = work.join("omen.db");
     for suffix in ["", "-wal", "-shm"] {
@@ -171,8 +196,16 @@ pub fn evaluate_one(cfg: &Config, scenario: &Scenario, work: &Path) -> Result<Sc
     }
     let mut cfg = cfg.clone();
     cfg.store.path = db.clone();
-    let report = crate::replay::replay_into(Arc::new(cfg), &work.join("trace.jsonl.gz"), &db)?;
-    Ok(score(scenario, labels, report.events))
+    let trace = work.join("trace.jsonl.gz");
+    let report = crate::replay::replay_into(Arc::new(cfg.clone()), &trace, &db)?;
+    let mut result = score(scenario, labels.clone(), report.events);
+    if baseline {
+        let tools = crate::baseline::PrometheusTools::default();
+        let events = crate::baseline::predict_linear_events(&tools, &cfg, &trace, &work.join("baseline"))
+            .context("the predict_linear baseline")?;
+        result.baseline = Some(Box::new(score(scenario, labels, events)));
+    }
+    Ok(result)
 }
 
 /// Scores the alert transitions of a replay against the labels.
@@ -185,6 +218,7 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
         .find(|e| e.ts_ms >= onset && Some(&e.alert) == forecast_alert.as_ref() && e.level != Level::Ok);
     let first_warning_ts_ms = first_warning.map(|e| e.ts_ms);
     let warned_days_to_breach = first_warning.and_then(|e| e.days_to_breach);
+    let warned_interval = first_warning.and_then(|e| e.days_to_breach_interval);
     let lead_days = match (first_warning_ts_ms, labels.breach_ts_ms) {
         (Some(w), Some(b)) if w < b => Some((b - w) as f64 / DAY_MS as f64),
         _ => None,
@@ -214,10 +248,12 @@ pub fn score(scenario: &Scenario, labels: Labels, events: Vec<AlertEvent>) -> Sc
         first_warning_ts_ms,
         lead_days,
         warned_days_to_breach,
+        warned_interval,
         detection_minutes,
         false_alarms,
         false_alarms_per_week: if clean_days > 0.0 { false_alarms as f64 / (clean_days / 7.0) } else { 0.0 },
         events,
+        baseline: None,
     }
 }
 
@@ -258,12 +294,25 @@ pub fn summarize(results: &[ScenarioResult]) -> Summary {
         .filter_map(|r| Some((r.warned_days_to_breach? - r.lead_days?).abs()))
         .collect();
     let median_said_error_days = median(&said_errors);
+    let covered: Vec<bool> = all
+        .iter()
+        .filter(|r| is_slow_drift(r))
+        .filter_map(|r| {
+            let ((lo, hi), lead) = (r.warned_interval?, r.lead_days?);
+            Some(lo <= lead && lead <= hi)
+        })
+        .collect();
+    let interval_coverage =
+        (!covered.is_empty()).then(|| covered.iter().filter(|c| **c).count() as f64 / covered.len() as f64);
     let traps: Vec<&&ScenarioResult> = all.iter().filter(|r| r.trap).collect();
     Summary {
         min_lead_days,
         min_lead_target_met: min_lead_days.is_none_or(|d| d >= TARGET_MIN_LEAD_DAYS),
         median_said_error_days,
         said_error_target_met: median_said_error_days.is_none_or(|d| d <= TARGET_SAID_ERROR_DAYS),
+        interval_coverage,
+        interval_runs: covered.len(),
+        interval_coverage_target_met: interval_coverage.is_none_or(|c| c >= TARGET_INTERVAL_COVERAGE),
         trap_runs: traps.len(),
         trap_warnings: traps.iter().map(|r| r.trap_warnings).sum(),
         median_lead_days,
@@ -383,7 +432,7 @@ pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions)
                 }
                 let (path, scenario, folder) = &runs[i];
                 let started = std::time::Instant::now();
-                let result = evaluate_one(cfg, scenario, folder)
+                let result = evaluate_one(cfg, scenario, folder, options.baseline)
                     .with_context(|| format!("scenario {} (seed {})", path.display(), scenario.seed));
                 if result.is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -414,7 +463,10 @@ pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions)
         scenarios.push(r?);
     }
     let summary = summarize(&scenarios);
-    Ok(Report { by_scenario: by_scenario(&scenarios), scenarios, summary })
+    let baseline: Vec<ScenarioResult> =
+        scenarios.iter().filter_map(|r| r.baseline.as_deref().cloned()).collect();
+    let baseline_summary = (options.baseline && !baseline.is_empty()).then(|| summarize(&baseline));
+    Ok(Report { by_scenario: by_scenario(&scenarios), scenarios, summary, baseline_summary })
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -425,28 +477,49 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 /// scenario, then the targets.
 pub fn table(report: &Report) -> String {
     let several_seeds = has_several_seeds(&report.scenarios);
+    let lead = |r: &ScenarioResult| {
+        if is_missed(r) {
+            "missed".into()
+        } else if r.trap {
+            format!("trap:{}", r.trap_warnings)
+        } else {
+            opt(r.lead_days, 1)
+        }
+    };
     let mut s = format!(
-        "{:<30} {:<24} {:>5} {:>13} {:>7} {:>7} {:>10} {:>6}\n",
-        "scenario", "fault", "days", "SLO", "lead d", "said d", "detect min", "FA/wk"
+        "{:<30} {:<24} {:>5} {:>13} {:>7} {:>7} {:>13} {:>10} {:>6} {:>8} {:>6}\n",
+        "scenario",
+        "fault",
+        "days",
+        "SLO",
+        "lead d",
+        "said d",
+        "interval d",
+        "detect min",
+        "FA/wk",
+        "PL lead",
+        "PL FA"
     );
     for r in &report.scenarios {
         let name = run_label(&r.scenario, r.seed, several_seeds);
+        let interval = r.warned_interval.map_or("-".into(), |(lo, hi)| format!("{lo:.1}..{hi:.1}"));
+        let (pl_lead, pl_fa) = match &r.baseline {
+            Some(b) => (lead(b), format!("{:.2}", b.false_alarms_per_week)),
+            None => ("-".into(), "-".into()),
+        };
         s += &format!(
-            "{:<30} {:<24} {:>5.1} {:>13} {:>7} {:>7} {:>10} {:>6.2}\n",
+            "{:<30} {:<24} {:>5.1} {:>13} {:>7} {:>7} {:>13} {:>10} {:>6.2} {:>8} {:>6}\n",
             name,
             format!("{:?}", r.labels.fault),
             r.days,
             r.labels.slo.clone().unwrap_or_else(|| "-".into()),
-            if is_missed(r) {
-                "missed".into()
-            } else if r.trap {
-                format!("trap:{}", r.trap_warnings)
-            } else {
-                opt(r.lead_days, 1)
-            },
+            lead(r),
             opt(r.warned_days_to_breach, 1),
+            interval,
             opt(r.detection_minutes, 1),
             r.false_alarms_per_week,
+            pl_lead,
+            pl_fa,
         );
     }
     if several_seeds {
@@ -500,6 +573,12 @@ pub fn table(report: &Report) -> String {
             m.said_error_target_met,
         ),
         (
+            format!("days-to-breach interval holding the lead ({} warned runs)", m.interval_runs),
+            opt(m.interval_coverage.map(|c| 100.0 * c), 0) + "%",
+            format!(">= {:.0}%", 100.0 * TARGET_INTERVAL_COVERAGE),
+            m.interval_coverage_target_met,
+        ),
+        (
             "early warnings on traps".into(),
             format!("{} over {} runs", m.trap_warnings, m.trap_runs),
             "0".into(),
@@ -515,6 +594,27 @@ pub fn table(report: &Report) -> String {
     for (what, value, target, met) in targets {
         s += &format!("{what}: {value} (target {target}: {})\n", if met { "met" } else { "MISSED" });
     }
+    if let Some(b) = &report.baseline_summary {
+        s += &format!(
+            "\nbaseline, Prometheus predict_linear(daily indicator[{}d], {} * 86400) on the same runs:\n",
+            crate::baseline::PREDICT_LINEAR_WINDOW_DAYS,
+            crate::baseline::PREDICT_LINEAR_AHEAD_DAYS
+        );
+        s += &format!(
+            "median lead {} days (omen {}), lowest lead {} days (omen {}), missed {} (omen {}), \
+             false alarms on healthy traces {} per week (omen {}), early warnings on traps {} (omen {})\n",
+            opt(b.median_lead_days, 1),
+            opt(m.median_lead_days, 1),
+            opt(b.min_lead_days, 1),
+            opt(m.min_lead_days, 1),
+            b.missed.len(),
+            m.missed.len(),
+            opt(b.healthy_false_alarms_per_week, 2),
+            opt(m.healthy_false_alarms_per_week, 2),
+            b.trap_warnings,
+            m.trap_warnings,
+        );
+    }
     s
 }
 
@@ -523,7 +623,14 @@ mod tests {
     use super::*;
 
     fn event(ts_ms: i64, alert: &str, level: Level) -> AlertEvent {
-        AlertEvent { ts_ms, alert: alert.into(), level, reason: String::new(), days_to_breach: None }
+        AlertEvent {
+            ts_ms,
+            alert: alert.into(),
+            level,
+            reason: String::new(),
+            days_to_breach: None,
+            days_to_breach_interval: None,
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! finds how much prompt perturbation a model's answers withstand. [`detectors`] prints
 //! the NAB table of omen's detectors beside the published ones.
 
+pub mod baseline;
 pub mod detectors;
 pub mod evaluate_warnings;
 pub mod explain;

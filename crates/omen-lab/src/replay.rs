@@ -96,7 +96,11 @@ fn forecast_line(view: &ForecastView) -> String {
             let lead = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
                 .ok()
                 .zip(chrono::DateTime::parse_from_rfc3339(&w.since).ok())
-                .map(|(d, s)| (d.and_hms_opt(12, 0, 0).unwrap().and_utc().timestamp_millis() - s.timestamp_millis()) as f64 / 86_400_000.0);
+                .map(|(d, s)| {
+                    (d.and_hms_opt(12, 0, 0).unwrap().and_utc().timestamp_millis() - s.timestamp_millis())
+                        as f64
+                        / 86_400_000.0
+                });
             line += &format!("; first day beyond {}: {day}", view.threshold);
             if let Some(lead) = lead {
                 line += &format!(" ({lead:.1} days after the warning)");

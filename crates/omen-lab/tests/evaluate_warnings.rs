@@ -70,8 +70,13 @@ fn several_seeds_give_a_lead_distribution_and_parallel_runs_match_serial_ones() 
     std::fs::write(scenarios.join("creep.yaml"), CREEP).unwrap();
     std::fs::write(scenarios.join("healthy.yaml"), HEALTHY).unwrap();
     let run = |jobs: usize, work: &str| {
-        evaluate(&Config::default(), &scenarios, &dir.path().join(work), EvaluateOptions { seeds: 3, jobs })
-            .unwrap()
+        evaluate(
+            &Config::default(),
+            &scenarios,
+            &dir.path().join(work),
+            EvaluateOptions { seeds: 3, jobs, baseline: false },
+        )
+        .unwrap()
     };
     let parallel = run(3, "parallel");
     println!("{}", table(&parallel));
@@ -111,4 +116,36 @@ fn several_seeds_give_a_lead_distribution_and_parallel_runs_match_serial_ones() 
         r.scenarios.iter().map(|s| (s.seed, s.lead_days, s.false_alarms, s.events.len())).collect::<Vec<_>>()
     };
     assert_eq!(key(&parallel), key(&serial));
+}
+
+/// The baseline is computed by the real Prometheus (promtool backfills the trace and the
+/// recording rules; the alert is queried hour by hour) and scored by the same rules.
+#[test]
+fn the_predict_linear_baseline_is_scored_from_the_real_prometheus() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenarios = dir.path().join("scenarios");
+    std::fs::create_dir(&scenarios).unwrap();
+    std::fs::write(scenarios.join("creep.yaml"), CREEP).unwrap();
+    std::fs::write(scenarios.join("healthy.yaml"), HEALTHY).unwrap();
+    let options = EvaluateOptions { seeds: 1, jobs: 1, baseline: true };
+    let report = evaluate(&Config::default(), &scenarios, &dir.path().join("work"), options).unwrap();
+    let printed = table(&report);
+    println!("{printed}");
+    assert!(printed.contains("baseline, Prometheus predict_linear"), "{printed}");
+    let creep = report.scenarios.iter().find(|r| r.scenario == "creep").unwrap();
+    let baseline = creep.baseline.as_ref().expect("the baseline ran");
+    // A clean linear creep: predict_linear over the recorded daily p95 warns before the
+    // breach too, and its alert events name the expression Prometheus evaluated.
+    let lead = baseline.lead_days.unwrap_or_else(|| panic!("{:?}", baseline.events));
+    assert!(lead > 7.0 && lead < 25.0, "lead {lead}: {:?}", baseline.events);
+    let first = baseline.events.iter().find(|e| e.alert == "forecast:kvf").unwrap();
+    assert!(
+        first.reason.starts_with("predict_linear(slo:omen_kvf_ratio:max_kvf_1d[7d], 14 * 86400) > 1.8"),
+        "{first:?}"
+    );
+    // The recording rules and the TSDB stay in the run's folder for inspection.
+    assert!(dir.path().join("work/creep/baseline/rules.yml").exists());
+    let summary = report.baseline_summary.as_ref().unwrap();
+    assert_eq!(summary.slow_drift_runs, 1);
+    assert!(summary.healthy_false_alarms_per_week.is_some());
 }

@@ -322,6 +322,52 @@ fn crossing_days(
     Some((threshold - at_now) / slope)
 }
 
+/// Half a day: the simulator and the user count a breach from the start of the first day
+/// whose daily value crosses, while the trend crosses somewhere within the half day either
+/// side of that day's midpoint.
+const DAY_GRANULARITY: f64 = 0.5;
+
+/// The predictive interval of the breach, in days from `now`: the trend `fit` with the
+/// slopes of its interval, and a daily value that may lie z * `residual_scale` either
+/// side of the trend (z the normal quantile of the two-sided `confidence`) (the breach comes earlier when the days scatter above the line and
+/// later when below), widened by the half day a daily breach is counted in. `None` for the
+/// far end when some slope of the interval never crosses.
+pub fn breach_interval(
+    fit: &TheilSen,
+    residual_scale: f64,
+    confidence: f64,
+    now: f64,
+    threshold: f64,
+    direction: BreachDirection,
+) -> (Option<f64>, Option<f64>) {
+    let z =
+        Normal::new(0.0, 1.0).expect("standard normal").inverse_cdf(0.5 + confidence.clamp(0.0, 0.999) / 2.0);
+    let spread = (z * residual_scale).max(0.0);
+    let (towards, away) = match direction {
+        BreachDirection::Above => (threshold - spread, threshold + spread),
+        BreachDirection::Below => (threshold + spread, threshold - spread),
+    };
+    let slopes = [fit.low_slope, fit.slope, fit.high_slope];
+    let cross = |t: f64, s: f64| crossing_days(fit.x_median, fit.y_median, s, now, t, direction);
+    let earliest = slopes.iter().filter_map(|&s| cross(towards, s)).reduce(f64::min);
+    let latest: Option<Vec<f64>> = slopes.iter().map(|&s| cross(away, s)).collect();
+    (
+        earliest.map(|d| (d - DAY_GRANULARITY).max(0.0)),
+        latest.and_then(|l| l.into_iter().reduce(f64::max)).map(|d| d + DAY_GRANULARITY),
+    )
+}
+
+/// The robust scale of `y` around the line `fit`: 1.4826 times the median absolute residual.
+pub fn residual_scale(fit: &TheilSen, x: &[f64], y: &[f64]) -> f64 {
+    let residuals: Vec<f64> =
+        x.iter().zip(y).map(|(&xi, &yi)| (yi - (fit.intercept + fit.slope * xi)).abs()).collect();
+    if residuals.is_empty() {
+        0.0
+    } else {
+        1.4826 * median(&residuals)
+    }
+}
+
 /// Forecast of when the trend `fit` (x in days) crosses `threshold`, seen from day `now`.
 pub fn days_to_breach(
     fit: &TheilSen,
@@ -372,6 +418,45 @@ mod tests {
         let away = days_to_breach(&fit, 14.0, 0.2, BreachDirection::Below);
         assert_eq!(away.days_to_breach, None);
         assert!(!away.early_warning(EARLY_WARNING_DAYS));
+    }
+
+    #[test]
+    fn the_breach_interval_holds_the_day_and_the_scatter() {
+        // An exact line: only the half day a daily breach is counted in.
+        let x: Vec<f64> = (0..15).map(f64::from).collect();
+        let y: Vec<f64> = x.iter().map(|d| 0.50 - 0.04 * 14.0 + 0.04 * d).collect();
+        let fit = theil_sen(&x, &y, 0.9).unwrap();
+        assert_eq!(residual_scale(&fit, &x, &y), 0.0);
+        let (lo, hi) = breach_interval(&fit, 0.0, 0.9, 14.0, 0.90, BreachDirection::Above);
+        assert!((lo.unwrap() - 9.5).abs() < 1e-9 && (hi.unwrap() - 10.5).abs() < 1e-9, "{lo:?} {hi:?}");
+        // Days scattering 0.02 around it: 1.645 * 0.02 / 0.04 = 0.82 days more either side.
+        let (lo, hi) = breach_interval(&fit, 0.02, 0.9, 14.0, 0.90, BreachDirection::Above);
+        let spread = 1.6448536269514722 * 0.02 / 0.04;
+        assert!((lo.unwrap() - (9.5 - spread)).abs() < 1e-6 && (hi.unwrap() - (10.5 + spread)).abs() < 1e-6);
+        // Moving away: no breach, no far end.
+        let (lo, hi) = breach_interval(&fit, 0.02, 0.9, 14.0, 0.2, BreachDirection::Below);
+        assert_eq!((lo, hi), (None, None));
+    }
+
+    proptest! {
+        #[test]
+        fn the_breach_interval_brackets_the_central_forecast(
+            ys in prop::collection::vec(-1.0f64..1.0, 8..30), slope in 0.01f64..0.2,
+        ) {
+            let x: Vec<f64> = (0..ys.len()).map(|i| i as f64).collect();
+            let y: Vec<f64> = x.iter().zip(&ys).map(|(xi, n)| slope * xi + 0.1 * n).collect();
+            let fit = theil_sen(&x, &y, 0.9).unwrap();
+            let now = x.len() as f64;
+            let threshold = slope * (now + 20.0);
+            let f = days_to_breach(&fit, now, threshold, BreachDirection::Above);
+            let (lo, hi) = breach_interval(&fit, residual_scale(&fit, &x, &y), 0.9, now, threshold, BreachDirection::Above);
+            if let (Some(d), Some(lo)) = (f.days_to_breach, lo) {
+                prop_assert!(lo <= d, "{lo} > {d}");
+            }
+            if let (Some(d), Some(hi)) = (f.days_to_breach, hi) {
+                prop_assert!(d <= hi, "{d} > {hi}");
+            }
+        }
     }
 
     #[test]

@@ -160,6 +160,10 @@ pub struct AlertEvent {
     /// For an early warning: the forecast days to breach when it changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub days_to_breach: Option<f64>,
+    /// For an early warning: the interval of the days to breach when it changed (its ends
+    /// over the slope interval at `forecast.confidence`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub days_to_breach_interval: Option<(f64, f64)>,
 }
 
 impl Engine {
@@ -239,6 +243,7 @@ impl Engine {
             level,
             reason,
             days_to_breach: None,
+            days_to_breach_interval: None,
         });
         self.health_level = level;
     }

@@ -30,8 +30,8 @@ use omen_store::Store;
 
 pub use explain::{explain, LatencyAttribution, LatencyExplanation, LatencyModel};
 pub use forecast::{
-    daily_indicator, CombineSeries, DailyStatistic, FittedTrend, IndicatorDefinition, SloForecast, TrendPoint,
-    WarnedForecast,
+    daily_indicator, CombineSeries, DailyStatistic, FittedTrend, IndicatorDefinition, SloForecast,
+    TrendPoint, WarnedForecast,
 };
 pub use health::{AlertEvent, Contributor, HealthSummary, Level, LevelShift, Reason};
 pub use limits::SeriesLimitExceeded;
