@@ -33,6 +33,8 @@ pub struct ForecastView {
     pub days_to_breach: Option<f64>,
     /// The far end of the interval; `None`: some trend in the interval never crosses.
     pub days_to_breach_upper: Option<f64>,
+    /// The near end of the interval.
+    pub days_to_breach_lower: Option<f64>,
     /// The predicted breach (RFC 3339).
     pub breach_at: Option<String>,
     /// The interval's far end (RFC 3339).
@@ -58,6 +60,8 @@ pub struct WarningView {
     pub days_to_breach: Option<f64>,
     /// The interval's far end it said.
     pub days_to_breach_upper: Option<f64>,
+    /// The interval's near end it said.
+    pub days_to_breach_lower: Option<f64>,
     /// The breach it predicted (RFC 3339).
     pub breach_at: Option<String>,
     /// Its trend.
@@ -151,6 +155,7 @@ impl ForecastView {
                 since: rfc3339(since_day),
                 days_to_breach: w.days_to_breach,
                 days_to_breach_upper: w.days_to_breach_upper,
+                days_to_breach_lower: w.days_to_breach_lower,
                 breach_at: w.days_to_breach.map(|d| rfc3339(since_day + d)),
                 trend: w.trend.as_ref().map_or_else(Vec::new, |t| {
                     trend_days(t, drawn_until(since_day, w.days_to_breach, w.days_to_breach_upper))
@@ -166,6 +171,7 @@ impl ForecastView {
             as_of: rfc3339(now_day),
             days_to_breach: f.days_to_breach,
             days_to_breach_upper: f.days_to_breach_upper,
+            days_to_breach_lower: f.days_to_breach_lower,
             breach_at: f.days_to_breach.map(|d| rfc3339(now_day + d)),
             breach_upper_at: f.days_to_breach_upper.map(|d| rfc3339(now_day + d)),
             early_warning: f.early_warning,
@@ -292,6 +298,19 @@ impl ForecastView {
                 .legend(move |(x, y)| {
                     PathElement::new([(x + 8, y - 6), (x + 8, y + 6)], orange.stroke_width(2))
                 });
+        }
+        // The breach's interval as a bar on the threshold: the warning's, else the current one.
+        let (base, lower, upper) = match &self.warning {
+            Some(w) => (day_of(&w.since), w.days_to_breach_lower, w.days_to_breach_upper),
+            None => (day_of(&self.as_of), self.days_to_breach_lower, self.days_to_breach_upper),
+        };
+        if let (Some(base), Some(lo)) = (base, lower) {
+            let hi = upper.unwrap_or(DRAWN_DAYS_MAX);
+            let bar = [(base + lo, self.threshold), (base + hi, self.threshold)];
+            chart
+                .draw_series(std::iter::once(PathElement::new(bar, RED.mix(0.6).stroke_width(6))))?
+                .label("breach interval")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], RED.mix(0.6).stroke_width(6)));
         }
         if let Some(day) = predicted_day {
             chart

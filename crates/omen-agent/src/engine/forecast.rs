@@ -93,6 +93,8 @@ pub struct WarnedForecast {
     pub days_to_breach: Option<f64>,
     /// The far end of its interval then.
     pub days_to_breach_upper: Option<f64>,
+    /// The near end of its interval then.
+    pub days_to_breach_lower: Option<f64>,
     /// The trend it was drawn from.
     #[serde(skip)]
     pub trend: Option<FittedTrend>,
@@ -314,6 +316,7 @@ impl Engine {
                     since_ms: now_ms,
                     days_to_breach: f.days_to_breach,
                     days_to_breach_upper: f.days_to_breach_upper,
+                    days_to_breach_lower: f.days_to_breach_lower,
                     trend: f.trend,
                 };
                 self.warnings.insert(f.slo.clone(), warned);
