@@ -1,6 +1,7 @@
 //! What each shipped binary links, read from `cargo tree` (normal dependencies only): the
 //! sidecar build (deploy/Dockerfile's `-p omen-cli --no-default-features --features "lstm
-//! bertscore"`) carries none of the offline tools' crates, and the model worker none of the
+//! bertscore"`) carries none of the offline tools' crates (plotters aside: the API draws the
+//! forecast picture), and the model worker none of the
 //! daemon's HTTP server and exporters.
 
 use std::collections::BTreeSet;
@@ -30,7 +31,9 @@ fn tree(args: &[&str]) -> BTreeSet<String> {
 fn the_sidecar_build_links_no_offline_tool_crates() {
     let sidecar = tree(&["-p", "omen-cli", "--no-default-features", "--features", "lstm bertscore"]);
     assert!(sidecar.contains("omen-agent"), "{sidecar:?}");
-    for lab_only in ["plotters", "indicatif", "rand_distr", "omen-lab", "omen-bench"] {
+    // plotters is the sidecar's too: its API draws /scores/forecast?format=svg (SVG backend
+    // and line series only, no font or bitmap dependencies).
+    for lab_only in ["indicatif", "rand_distr", "omen-lab", "omen-bench"] {
         assert!(!sidecar.contains(lab_only), "the sidecar build links {lab_only}");
     }
     // The default build still has every subcommand.
