@@ -29,6 +29,9 @@ pub struct ForecastView {
     pub scale: TrendScale,
     /// When the forecast was made (RFC 3339).
     pub as_of: String,
+    /// The same, in days since the epoch.
+    #[serde(skip)]
+    pub now_day: f64,
     /// Days until the trend crosses the threshold; `None`: not forecast to breach.
     pub days_to_breach: Option<f64>,
     /// The far end of the interval; `None`: some trend in the interval never crosses.
@@ -45,6 +48,9 @@ pub struct ForecastView {
     pub warning: Option<WarningView>,
     /// The first day whose indicator is beyond the threshold, among `daily`.
     pub first_day_beyond: Option<String>,
+    /// That day's midpoint, days since the epoch.
+    #[serde(skip)]
+    pub first_day_beyond_midpoint: Option<f64>,
     /// The daily indicator, oldest first.
     pub daily: Vec<DailyValue>,
     /// The current trend, one point a day from the start of the regime it was fitted to.
@@ -56,6 +62,9 @@ pub struct ForecastView {
 pub struct WarningView {
     /// When it started (RFC 3339).
     pub since: String,
+    /// The same, in days since the epoch.
+    #[serde(skip)]
+    pub since_day: f64,
     /// Days to breach it said.
     pub days_to_breach: Option<f64>,
     /// The interval's far end it said.
@@ -102,9 +111,7 @@ fn date(day: f64) -> String {
 }
 
 fn rfc3339(day: f64) -> String {
-    chrono::DateTime::from_timestamp_millis((day * DAY_MS).round() as i64)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_default()
+    omen_sources::clock::rfc3339((day * DAY_MS).round() as i64).unwrap_or_default()
 }
 
 /// A finite number, or `None` (JSON has no infinity).
@@ -149,10 +156,12 @@ impl ForecastView {
             Direction::Above => v > f.threshold,
             Direction::Below => v < f.threshold,
         };
+        let first_beyond = daily.iter().find(|d| beyond(d.1)).map(|d| d.0);
         let warning = f.warned.as_ref().map(|w| {
             let since_day = w.since_ms as f64 / DAY_MS;
             WarningView {
                 since: rfc3339(since_day),
+                since_day,
                 days_to_breach: w.days_to_breach,
                 days_to_breach_upper: w.days_to_breach_upper,
                 days_to_breach_lower: w.days_to_breach_lower,
@@ -169,6 +178,7 @@ impl ForecastView {
             direction: f.direction,
             scale: f.scale,
             as_of: rfc3339(now_day),
+            now_day,
             days_to_breach: f.days_to_breach,
             days_to_breach_upper: f.days_to_breach_upper,
             days_to_breach_lower: f.days_to_breach_lower,
@@ -176,7 +186,8 @@ impl ForecastView {
             breach_upper_at: f.days_to_breach_upper.map(|d| rfc3339(now_day + d)),
             early_warning: f.early_warning,
             warning,
-            first_day_beyond: daily.iter().find(|d| beyond(d.1)).map(|d| date(d.0)),
+            first_day_beyond: first_beyond.map(date),
+            first_day_beyond_midpoint: first_beyond,
             daily: daily.iter().map(|&(day, value)| DailyValue { date: date(day), value, day }).collect(),
             trend: f.trend.as_ref().map_or_else(Vec::new, |t| {
                 trend_days(t, drawn_until(now_day, f.days_to_breach, f.days_to_breach_upper))
@@ -193,13 +204,12 @@ impl ForecastView {
     }
 
     fn draw(&self, out: &mut String) -> Result<(), Box<dyn std::error::Error + '_>> {
-        let warned_day = self.warning.as_ref().and_then(|w| day_of(&w.since));
+        let warned_day = self.warning.as_ref().map(|w| w.since_day);
         let predicted_day = self
             .warning
             .as_ref()
-            .and_then(|w| w.breach_at.as_deref())
-            .or(self.breach_at.as_deref())
-            .and_then(day_of);
+            .and_then(|w| w.days_to_breach.map(|d| w.since_day + d))
+            .or(self.days_to_breach.map(|d| self.now_day + d));
         let days = self.daily.iter().map(|d| d.day);
         let trend_points =
             self.trend.iter().chain(self.warning.iter().flat_map(|w| &w.trend)).map(|t| t.point);
@@ -301,10 +311,10 @@ impl ForecastView {
         }
         // The breach's interval as a bar on the threshold: the warning's, else the current one.
         let (base, lower, upper) = match &self.warning {
-            Some(w) => (day_of(&w.since), w.days_to_breach_lower, w.days_to_breach_upper),
-            None => (day_of(&self.as_of), self.days_to_breach_lower, self.days_to_breach_upper),
+            Some(w) => (w.since_day, w.days_to_breach_lower, w.days_to_breach_upper),
+            None => (self.now_day, self.days_to_breach_lower, self.days_to_breach_upper),
         };
-        if let (Some(base), Some(lo)) = (base, lower) {
+        if let Some(lo) = lower {
             let hi = upper.unwrap_or(DRAWN_DAYS_MAX);
             let bar = [(base + lo, self.threshold), (base + hi, self.threshold)];
             chart
@@ -318,7 +328,7 @@ impl ForecastView {
                 .label("predicted breach")
                 .legend(|(x, y)| Cross::new((x + 8, y), 5, RED.stroke_width(2)));
         }
-        if let Some(day) = self.first_day_beyond.as_deref().and_then(|d| day_of(&format!("{d}T12:00:00Z"))) {
+        if let Some(day) = self.first_day_beyond_midpoint {
             chart
                 .draw_series(std::iter::once(PathElement::new(
                     [(day, y0), (day, y1)],
@@ -338,11 +348,6 @@ impl ForecastView {
         root.present()?;
         Ok(())
     }
-}
-
-/// Days since the epoch of an RFC 3339 time.
-fn day_of(t: &str) -> Option<f64> {
-    chrono::DateTime::parse_from_rfc3339(t).ok().map(|t| t.timestamp_millis() as f64 / DAY_MS)
 }
 
 /// The smallest and largest finite value.

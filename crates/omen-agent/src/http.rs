@@ -465,9 +465,7 @@ fn parse_time(field: &str, text: &str, now: i64) -> Result<i64, ApiError> {
 }
 
 fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_default()
+    omen_sources::clock::rfc3339(ms).unwrap_or_default()
 }
 
 /// Runs a blocking store read off the async threads: a failed task is a 500, a store error a 503.

@@ -105,12 +105,13 @@ fn trace_series(trace: &Path, cfg: &Config) -> Result<(SeriesMap, i64, i64)> {
         for s in batch? {
             first = first.min(s.ts_ms);
             last = last.max(s.ts_ms);
-            if s.signal == "gpu_memory_total_bytes" {
+            if s.signal == catalogue::GPU_MEMORY_TOTAL_BYTES.name {
                 gpu_total.insert(s.labels.clone(), s.value);
-            } else if s.signal == "gpu_memory_used_bytes" && wanted.contains(&headroom) {
-                if let Some(total) = gpu_total.get(&s.labels).filter(|t| **t > 0.0) {
+            } else if s.signal == catalogue::GPU_MEMORY_USED_BYTES.name && wanted.contains(&headroom) {
+                let total = gpu_total.get(&s.labels).copied().unwrap_or(0.0);
+                if let Some(value) = catalogue::gpu_memory_headroom(s.value, total) {
                     let key = (format!("omen_{headroom}"), s.labels.clone());
-                    series.entry(key).or_default().push((s.ts_ms, 1.0 - s.value / total));
+                    series.entry(key).or_default().push((s.ts_ms, value));
                 }
             }
             if wanted.contains(&s.signal.as_str()) {

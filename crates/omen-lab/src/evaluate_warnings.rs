@@ -196,8 +196,9 @@ pub fn evaluate_one(
     }
     let mut cfg = cfg.clone();
     cfg.store.path = db.clone();
+    let cfg = Arc::new(cfg);
     let trace = work.join("trace.jsonl.gz");
-    let report = crate::replay::replay_into(Arc::new(cfg.clone()), &trace, &db)?;
+    let report = crate::replay::replay_into(cfg.clone(), &trace, &db)?;
     let mut result = score(scenario, labels.clone(), report.events);
     if baseline {
         let tools = crate::baseline::PrometheusTools::default();

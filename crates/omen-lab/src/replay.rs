@@ -91,23 +91,14 @@ fn forecast_line(view: &ForecastView) -> String {
         }
         None => line += "no warning",
     }
-    match (&view.first_day_beyond, &view.warning) {
-        (Some(day), Some(w)) => {
-            let lead = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
-                .ok()
-                .zip(chrono::DateTime::parse_from_rfc3339(&w.since).ok())
-                .map(|(d, s)| {
-                    (d.and_hms_opt(12, 0, 0).unwrap().and_utc().timestamp_millis() - s.timestamp_millis())
-                        as f64
-                        / 86_400_000.0
-                });
-            line += &format!("; first day beyond {}: {day}", view.threshold);
-            if let Some(lead) = lead {
-                line += &format!(" ({lead:.1} days after the warning)");
-            }
+    match (&view.first_day_beyond, view.first_day_beyond_midpoint, &view.warning) {
+        (Some(day), Some(midpoint), Some(w)) => {
+            let lead = midpoint - w.since_day;
+            line +=
+                &format!("; first day beyond {}: {day} ({lead:.1} days after the warning)", view.threshold);
         }
-        (Some(day), None) => line += &format!("; first day beyond {}: {day}", view.threshold),
-        (None, _) => line += &format!("; no day beyond {}", view.threshold),
+        (Some(day), _, _) => line += &format!("; first day beyond {}: {day}", view.threshold),
+        (None, _, _) => line += &format!("; no day beyond {}", view.threshold),
     }
     line
 }

@@ -247,6 +247,12 @@ pub fn is_derived(name: &str) -> bool {
     DERIVED.contains(&name)
 }
 
+/// [`GPU_MEMORY_HEADROOM_RATIO`] of one GPU from its used and total bytes: 1 - used/total
+/// in [0, 1]; `None` without a positive total.
+pub fn gpu_memory_headroom(used_bytes: f64, total_bytes: f64) -> Option<f64> {
+    (total_bytes > 0.0).then(|| (1.0 - used_bytes / total_bytes).clamp(0.0, 1.0))
+}
+
 /// The signal that the SLO indicator `indicator` (its config spelling) reads.
 pub fn indicator_signal(indicator: &str) -> Option<&'static Signal> {
     ALL.iter().find(|s| s.indicator == Some(indicator))

@@ -1,10 +1,17 @@
 //! The one wall clock: sources stamp samples with it, the agent ticks by it. Everything
 //! below (signals, pipeline, store) takes time stamps as arguments instead. Also the one
-//! reader of the times users write (/scores, `omen explain`).
+//! reader of the times users write (/scores, `omen explain`), and the one writer of the
+//! times omen shows them.
 
 /// Now, as Unix milliseconds (UTC).
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+/// `ms` (Unix milliseconds) as RFC 3339 in UTC to the second (`2026-11-02T10:00:00Z`);
+/// `None` beyond the calendar's range.
+pub fn rfc3339(ms: i64) -> Option<String> {
+    chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
 /// A time a user wrote: `now`, `now-6h` (any humantime duration), Unix seconds, or RFC 3339;

@@ -99,9 +99,7 @@ struct TraceAudit {
 }
 
 fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| ms.to_string())
+    crate::clock::rfc3339(ms).unwrap_or_else(|| ms.to_string())
 }
 
 impl TraceAudit {
@@ -151,6 +149,13 @@ impl TraceAudit {
 
     /// Keeps the last of the samples of one series in `batch` (one time stamp).
     fn dedup(&mut self, batch: &mut Vec<Sample>) {
+        // Every batch passes here: look for a repeat on borrowed keys first, and copy keys
+        // only for a batch that has one.
+        let mut keys = std::collections::HashSet::with_capacity(batch.len());
+        if batch.iter().all(|s| keys.insert((s.signal.as_str(), &s.labels))) {
+            return;
+        }
+        drop(keys);
         let before = batch.len();
         let mut seen = std::collections::HashSet::new();
         // Walk from the end so that the last sample of a series is the one kept.

@@ -89,13 +89,13 @@ impl Engine {
                     entry.1 = Some(s.value);
                 }
                 if let (Some(used), Some(total)) = *entry {
-                    if total > 0.0 {
+                    if let Some(value) = catalogue::gpu_memory_headroom(used, total) {
                         *entry = (None, None);
                         let headroom = Sample {
                             ts_ms: s.ts_ms,
                             signal: catalogue::GPU_MEMORY_HEADROOM_RATIO.name.into(),
                             labels: s.labels.clone(),
-                            value: (1.0 - used / total).clamp(0.0, 1.0),
+                            value,
                         };
                         derived.push((headroom, true));
                     }
