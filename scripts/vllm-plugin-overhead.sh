@@ -52,7 +52,7 @@ states:
   ask:
     prompts: ["Name three rivers in Europe.", "Why is the sea salty? Answer briefly.", "Write a haiku about rain.", "Explain what a compiler does in two sentences."]
     timeout: 120s
-    transitions: [{ to: ask, probability: 1.0 }]
+    transitions: [{ to: ask, probability: 0.999 }, { to: end, probability: 0.001 }]
 YAML
 
 run() { # arm n

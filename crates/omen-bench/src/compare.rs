@@ -269,7 +269,7 @@ pub fn compare(a: &Loaded, b: &Loaded, opts: CompareOptions) -> Result<Vec<Metri
         }
         let mut sa = xa.clone();
         sa.sort_by(f64::total_cmp);
-        for (label, q) in [("median", 0.5), ("p90", 0.9), ("p99", 0.99)] {
+        for (label, q) in [("median", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99)] {
             let metric = format!("{label}_{name}_ms");
             let iv = percentile_difference_ci(&xa, &xb, q, opts.confidence, opts.resamples, &mut rng)
                 .map_err(|e| boot(&metric, e))?;
@@ -295,6 +295,13 @@ pub fn compare(a: &Loaded, b: &Loaded, opts: CompareOptions) -> Result<Vec<Metri
     if let Some(iv) = mean_difference_ci(&ea, &eb, opts.confidence, opts.resamples, &mut rng) {
         let ma = ea.iter().sum::<f64>() / ea.len() as f64;
         rows.push(row("error_rate".into(), Better::Lower, &iv, ma, opts.min_effect));
+    }
+    let bleu =
+        |l: &Loaded| -> Vec<f64> { l.records.iter().filter(|r| r.success).filter_map(|r| r.bleu).collect() };
+    let (qa, qb) = (bleu(a), bleu(b));
+    if let Some(iv) = mean_difference_ci(&qa, &qb, opts.confidence, opts.resamples, &mut rng) {
+        let ma = qa.iter().sum::<f64>() / qa.len() as f64;
+        rows.push(row("mean_bleu".into(), Better::Higher, &iv, ma, opts.min_effect));
     }
     Ok(rows)
 }
@@ -353,6 +360,7 @@ mod tests {
                     attempts: 1,
                     history_turns: 0,
                     context: ContextAction::Kept,
+                    bleu: None,
                     error_kind: None,
                     error: None,
                 }

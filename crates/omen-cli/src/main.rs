@@ -95,10 +95,122 @@ enum Command {
         /// No progress bar (it is only drawn when stderr is a terminal anyway).
         #[arg(long)]
         no_progress: bool,
+        /// Run the workload N times; with N >= 3 the first and last runs are dropped, the
+        /// report pools the rest and says whether their P95 latencies agree.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32,
+        /// Largest (max - min) / median of the kept runs' P95s that counts as stable.
+        #[arg(long, default_value_t = omen_bench::trust::DEFAULT_STABLE_SPREAD)]
+        stable_spread: f64,
+        /// Exit with status 4 when the repeated runs are not stable.
+        #[arg(long)]
+        require_stable: bool,
+        /// Price table (YAML, e.g. deploy/bench/prices.yaml): adds the run's cost to the report.
+        #[arg(long)]
+        prices: Option<PathBuf>,
+        /// An omen agent beside the server (e.g. http://127.0.0.1:9464): its GPU memory
+        /// reading gives output tokens per GB of VRAM in the cost section.
+        #[arg(long)]
+        omen: Option<String>,
+        /// The server's Prometheus page (e.g. http://127.0.0.1:8000/metrics), scraped before
+        /// and after the measured runs to split TTFT into queueing and prefill.
+        #[arg(long)]
+        server_metrics: Option<String>,
+        /// An extension hook: a command speaking JSON lines on stdin/stdout (see
+        /// deploy/bench/hooks/answer_words.py) or `builtin:chunk_stats`; repeat for more.
+        #[arg(long)]
+        hook: Vec<String>,
+        /// Longest a command hook may take to answer before it is switched off.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        hook_timeout: std::time::Duration,
+    },
+    #[cfg(feature = "bench")]
+    /// Find the highest session rate a server sustains within P99 TTFT and E2EL bounds.
+    #[command(after_help = "Example: omen capacity --workflow deploy/workflows/chat.yaml \
+        --endpoint http://127.0.0.1:8000/v1 --p99-ttft 2s --p99-e2el 10s --out capacity.json\n\
+        Writes the report (JSON) and the rate-vs-P99 picture beside it (capacity.svg).")]
+    Capacity {
+        /// Workflow file (YAML); its arrival rate, QPS caps, back-off and bounds are replaced per step.
+        #[arg(long, short)]
+        workflow: PathBuf,
+        /// API root including /v1, e.g. http://127.0.0.1:18080/v1.
+        #[arg(long, short)]
+        endpoint: String,
+        /// P99 time-to-first-token bound, e.g. 2s.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        p99_ttft: std::time::Duration,
+        /// P99 end-to-end latency bound, e.g. 10s.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        p99_e2el: std::time::Duration,
+        /// Largest share of failed requests a passing rate may have.
+        #[arg(long, default_value_t = 0.01)]
+        max_error_rate: f64,
+        /// First rate tried, sessions/s; it doubles until a bound breaks.
+        #[arg(long, default_value_t = 0.5)]
+        start_rate: f64,
+        /// Highest rate tried, sessions/s.
+        #[arg(long, default_value_t = 64.0)]
+        max_rate: f64,
+        /// Bisect until first-failing / last-passing <= 1 + this.
+        #[arg(long, default_value_t = 0.25)]
+        resolution: f64,
+        /// Per step: requests started in this first window are not judged.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        warmup: std::time::Duration,
+        /// Per step: requests started in this window after the warm-up are judged.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        steady: std::time::Duration,
+        /// Most requests in flight (high, so the server rather than the client queues).
+        #[arg(long, default_value_t = 256)]
+        concurrency: usize,
+        /// Model name (default: the workflow's, else the first the endpoint lists).
+        #[arg(long)]
+        model: Option<String>,
+        /// Bearer token; default from $OMEN_BENCH_API_KEY.
+        #[arg(long, env = "OMEN_BENCH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Report file (JSON); the picture goes beside it with the extension .svg.
+        #[arg(long, short, default_value = "capacity.json")]
+        out: PathBuf,
+    },
+    #[cfg(feature = "bench")]
+    /// Sweep workflow knobs and report the Pareto front of cost (or latency) against answer quality.
+    #[command(after_help = "Example: omen pareto --workflow w.yaml --endpoint http://127.0.0.1:8000/v1 \
+        --sweep max_tokens=8,16,32 --sweep temperature=0,0.7 --prices deploy/bench/prices.yaml --out pareto.json\n\
+        The workflow's states need `references` (answer quality is BLEU against them). Writes the \
+        report (JSON) and the front beside it (pareto.svg).")]
+    Pareto {
+        /// Workflow file (YAML) with `references`.
+        #[arg(long, short)]
+        workflow: PathBuf,
+        /// API root including /v1.
+        #[arg(long, short)]
+        endpoint: String,
+        /// A knob and its values: NAME=V1,V2 (concurrency, max_tokens, temperature,
+        /// ignore_eos, or extra_body.FIELD for any request field); repeat for a grid.
+        #[arg(long, required = true)]
+        sweep: Vec<omen_bench::pareto::Knob>,
+        /// Price table: the objective is the mean cost per request (else the P95 E2EL).
+        #[arg(long)]
+        prices: Option<PathBuf>,
+        /// Requests per point (overrides the workflow's max_requests).
+        #[arg(long)]
+        max_requests: Option<u64>,
+        /// Model name (default: the workflow's, else the first the endpoint lists).
+        #[arg(long)]
+        model: Option<String>,
+        /// Bearer token; default from $OMEN_BENCH_API_KEY.
+        #[arg(long, env = "OMEN_BENCH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Report file (JSON); the picture goes beside it with the extension .svg.
+        #[arg(long, short, default_value = "pareto.json")]
+        out: PathBuf,
     },
     #[cfg(feature = "bench")]
     /// Compare two bench reports: Delta-Metric, bootstrap interval and verdict per metric.
-    #[command(after_help = "Example: omen compare a.json b.json --min-effect 0.05 --json delta.json")]
+    #[command(after_help = "Example: omen compare a.json b.json --min-effect 0.05 --json delta.json\n\
+        Gate a release: omen compare golden.json candidate.json --tolerances deploy/bench/tolerances.yaml\n\
+        exits 0 when every metric is within its tolerance, 3 when one breaches at the table's fail_on risk or above.")]
     Compare {
         /// Baseline report.
         a: PathBuf,
@@ -119,6 +231,10 @@ enum Command {
         /// Smallest relative change that counts (e.g. 0.05 for 5%); smaller ones are noise.
         #[arg(long, default_value_t = 0.0)]
         min_effect: f64,
+        /// Tolerance table (YAML, e.g. deploy/bench/tolerances.yaml): A is the golden
+        /// baseline, B the candidate; exit status 3 when a metric breaches it.
+        #[arg(long)]
+        tolerances: Option<PathBuf>,
     },
     #[cfg(feature = "lab")]
     /// Simulate a degradation scenario: write DIR/trace.jsonl.gz and DIR/labels.json.
@@ -315,35 +431,174 @@ fn load_config(path: &std::path::Path) -> Result<Config> {
     })
 }
 
+/// How often a bench runs its workload, how the repeats are judged, and what it costs.
+#[cfg(feature = "bench")]
+struct BenchExtras {
+    runs: u32,
+    stable_spread: f64,
+    require_stable: bool,
+    prices: Option<PathBuf>,
+    omen: Option<String>,
+    server_metrics: Option<String>,
+}
+
+/// Exit status of `omen bench --require-stable` when the repeated runs disagree.
+#[cfg(feature = "bench")]
+const EXIT_UNSTABLE: u8 = 4;
+/// Exit status of `omen compare --tolerances` when a metric breaches the gate.
+#[cfg(feature = "bench")]
+const EXIT_GATE_FAILED: u8 = 3;
+
+/// Runs a bench; Ok(false) when `--require-stable` was given and the runs were not stable.
 #[cfg(feature = "bench")]
 fn bench(
     workflow: &std::path::Path,
     opts: &omen_bench::loadgen::BenchOptions,
+    extras: &BenchExtras,
+    out: &std::path::Path,
+) -> Result<bool> {
+    use omen_bench::{cost, loadgen, suite};
+    let wf = loadgen::workflow::Workflow::load(workflow)?;
+    let prices = match &extras.prices {
+        Some(p) => Some((p.display().to_string(), cost::PriceTable::load(p)?)),
+        None => None,
+    };
+    let options = suite::SuiteOptions {
+        repeat: extras.runs,
+        stable_spread: extras.stable_spread,
+        prices,
+        omen: extras.omen.clone(),
+        server_metrics: extras.server_metrics.clone(),
+    };
+    options.validate()?;
+    let rt = runtime()?;
+    let result = rt.block_on(suite::run(&wf, opts, &options, |line| eprintln!("{line}")))?;
+    let text = serde_json::to_string_pretty(&result.report).context("cannot serialise the report")?;
+    std::fs::write(out, text + "\n")
+        .with_context(|| format!("cannot write the report to {}", out.display()))?;
+    let svg_path = out.with_extension("svg");
+    if !result.svg.is_empty() {
+        std::fs::write(&svg_path, &result.svg)
+            .with_context(|| format!("cannot write {}", svg_path.display()))?;
+    }
+    eprintln!(
+        "{}\nreport: {}, picture: {}",
+        loadgen::report::summary(&result.report),
+        out.display(),
+        svg_path.display()
+    );
+    Ok(result.stable || !extras.require_stable)
+}
+
+#[cfg(feature = "bench")]
+fn pareto(
+    workflow: &std::path::Path,
+    bench: &omen_bench::loadgen::BenchOptions,
+    knobs: &[omen_bench::pareto::Knob],
+    prices: Option<&std::path::Path>,
     out: &std::path::Path,
 ) -> Result<()> {
-    use omen_bench::loadgen;
-    let wf = loadgen::workflow::Workflow::load(workflow)?;
+    use omen_bench::{cost, pareto};
+    let wf = omen_bench::loadgen::workflow::Workflow::load(workflow)?;
+    let prices = match prices {
+        Some(p) => Some((p.display().to_string(), cost::PriceTable::load(p)?)),
+        None => None,
+    };
     let rt = runtime()?;
-    let run = rt.block_on(loadgen::bench(wf, opts))?;
-    let report = loadgen::report::report(&run);
+    let points: usize = knobs.iter().map(|k| k.values.len()).product();
+    eprintln!("pareto: {points} points, one bench run each");
+    let report = rt.block_on(pareto::sweep(&wf, bench, knobs, prices, |line| eprintln!("{line}")))?;
+    print!("{}", report.table());
     let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
     std::fs::write(out, text + "\n")
         .with_context(|| format!("cannot write the report to {}", out.display()))?;
-    eprintln!("{}\nreport: {}", loadgen::report::summary(&report), out.display());
+    let svg_path = out.with_extension("svg");
+    std::fs::write(&svg_path, report.svg()?)
+        .with_context(|| format!("cannot write {}", svg_path.display()))?;
+    eprintln!("report: {}, picture: {}", out.display(), svg_path.display());
     Ok(())
 }
 
+#[cfg(feature = "bench")]
+fn capacity(
+    workflow: &std::path::Path,
+    bench: &omen_bench::loadgen::BenchOptions,
+    opts: &omen_bench::capacity::CapacityOptions,
+    out: &std::path::Path,
+) -> Result<()> {
+    use omen_bench::capacity;
+    let wf = omen_bench::loadgen::workflow::Workflow::load(workflow)?;
+    opts.validate()?;
+    let rt = runtime()?;
+    let per_step = opts.warmup + opts.steady;
+    eprintln!(
+        "capacity: steps of {} ({} warm-up + {} steady) from {} sessions/s, doubling until a bound breaks, then bisecting",
+        humantime::format_duration(per_step),
+        humantime::format_duration(opts.warmup),
+        humantime::format_duration(opts.steady),
+        opts.start_rate
+    );
+    let report = rt.block_on(capacity::search(&wf, bench, opts, |i, p| {
+        eprintln!(
+            "step {i}: {:.3} sessions/s -> {:.2} req/s, P99 TTFT {:.0} ms, P99 E2EL {:.0} ms, errors {:.1}%: {}",
+            p.rate,
+            p.request_throughput,
+            p.p99_ttft_ms,
+            p.p99_e2el_ms,
+            p.error_rate * 100.0,
+            if p.pass { "pass".to_owned() } else { format!("FAIL ({})", p.broken.join(", ")) }
+        );
+        for (kind, e) in &p.errors {
+            eprintln!("  {} x {kind}, e.g. {}", e.count, e.example);
+        }
+    }))?;
+    let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
+    std::fs::write(out, text + "\n")
+        .with_context(|| format!("cannot write the report to {}", out.display()))?;
+    let svg_path = out.with_extension("svg");
+    std::fs::write(&svg_path, report.svg()?)
+        .with_context(|| format!("cannot write {}", svg_path.display()))?;
+    eprintln!("{}\nreport: {}, picture: {}", report.verdict, out.display(), svg_path.display());
+    Ok(())
+}
+
+/// Compares two reports; Ok(false) when a tolerance table was given and the gate failed.
 #[cfg(feature = "bench")]
 fn compare(
     a: &std::path::Path,
     b: &std::path::Path,
     json: Option<&std::path::Path>,
+    tolerances: Option<&std::path::Path>,
     opts: omen_bench::compare::CompareOptions,
-) -> Result<()> {
-    use omen_bench::compare;
+) -> Result<bool> {
+    use omen_bench::{compare, trust};
+    // A bad table fails before any work.
+    let table = tolerances.map(trust::Tolerances::load).transpose()?;
     let (la, lb) = (compare::load(a)?, compare::load(b)?);
     let metrics = compare::compare(&la, &lb, opts)?;
     print!("{}", compare::table(&metrics, opts.confidence));
+    let gate = match &table {
+        Some(table) => {
+            let read = |p: &std::path::Path| -> Result<serde_json::Value> {
+                let text =
+                    std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", p.display()))
+            };
+            let (ga, gb) = (read(a)?, read(b)?);
+            let (an, bn) = (a.display().to_string(), b.display().to_string());
+            let rows = trust::gate((&an, &ga), (&bn, &gb), table)?;
+            print!("\ngate against the golden baseline {an}:\n{}", trust::gate_table(&rows));
+            let failed: Vec<&str> = rows.iter().filter(|r| r.fails_gate).map(|r| r.metric.as_str()).collect();
+            if failed.is_empty() {
+                println!("gate: pass");
+            } else {
+                println!("gate: FAILED on {}", failed.join(", "));
+            }
+            Some(rows)
+        }
+        None => None,
+    };
+    let passed = gate.as_ref().is_none_or(|rows| rows.iter().all(|r| !r.fails_gate));
     if let Some(path) = json {
         let c = compare::Comparison {
             a: a.display().to_string(),
@@ -353,10 +608,14 @@ fn compare(
             min_effect: opts.min_effect,
             metrics,
         };
-        let text = serde_json::to_string_pretty(&c).context("cannot serialise the comparison")?;
+        let mut value = serde_json::to_value(&c).context("cannot serialise the comparison")?;
+        if let Some(rows) = &gate {
+            value["gate"] = serde_json::json!({"passed": passed, "metrics": rows});
+        }
+        let text = serde_json::to_string_pretty(&value).context("cannot serialise the comparison")?;
         std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }
-    Ok(())
+    Ok(passed)
 }
 
 #[cfg(feature = "lab")]
@@ -583,7 +842,39 @@ fn main() -> ExitCode {
             cfg.and_then(|cfg| omen_lab::replay::replay(cfg, &trace, &out))
         }
         #[cfg(feature = "bench")]
-        Command::Bench { workflow, endpoint, out, model, api_key, max_requests, duration, no_progress } => {
+        Command::Bench {
+            workflow,
+            endpoint,
+            out,
+            model,
+            api_key,
+            max_requests,
+            duration,
+            no_progress,
+            repeat,
+            stable_spread,
+            require_stable,
+            prices,
+            omen,
+            server_metrics,
+            hook,
+            hook_timeout,
+        } => {
+            let hooks: Result<Vec<_>> = hook
+                .iter()
+                .map(|h| {
+                    omen_bench::hooks::from_arg(h, hook_timeout)
+                        .map(omen_bench::hooks::Guarded::new)
+                        .map_err(anyhow::Error::from)
+                })
+                .collect();
+            let hooks = match hooks {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("omen: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let opts = omen_bench::loadgen::BenchOptions {
                 endpoint,
                 model,
@@ -591,13 +882,74 @@ fn main() -> ExitCode {
                 max_requests,
                 duration,
                 progress: !no_progress,
+                hooks,
             };
-            bench(&workflow, &opts, &out)
+            let repeat =
+                BenchExtras { runs: repeat, stable_spread, require_stable, prices, omen, server_metrics };
+            match bench(&workflow, &opts, &repeat, &out) {
+                Ok(false) => return ExitCode::from(EXIT_UNSTABLE),
+                other => other.map(|_| ()),
+            }
         }
         #[cfg(feature = "bench")]
-        Command::Compare { a, b, json, confidence, resamples, seed, min_effect } => {
+        Command::Capacity {
+            workflow,
+            endpoint,
+            p99_ttft,
+            p99_e2el,
+            max_error_rate,
+            start_rate,
+            max_rate,
+            resolution,
+            warmup,
+            steady,
+            concurrency,
+            model,
+            api_key,
+            out,
+        } => {
+            let bench = omen_bench::loadgen::BenchOptions {
+                endpoint,
+                model,
+                api_key,
+                max_requests: None,
+                duration: None,
+                progress: false,
+                hooks: Vec::new(),
+            };
+            let opts = omen_bench::capacity::CapacityOptions {
+                p99_ttft,
+                p99_e2el,
+                max_error_rate,
+                start_rate,
+                max_rate,
+                resolution,
+                warmup,
+                steady,
+                concurrency,
+            };
+            capacity(&workflow, &bench, &opts, &out)
+        }
+        #[cfg(feature = "bench")]
+        Command::Pareto { workflow, endpoint, sweep, prices, max_requests, model, api_key, out } => {
+            let bench = omen_bench::loadgen::BenchOptions {
+                endpoint,
+                model,
+                api_key,
+                max_requests,
+                duration: None,
+                progress: false,
+                hooks: Vec::new(),
+            };
+            pareto(&workflow, &bench, &sweep, prices.as_deref(), &out)
+        }
+        #[cfg(feature = "bench")]
+        Command::Compare { a, b, json, confidence, resamples, seed, min_effect, tolerances } => {
             let opts = omen_bench::compare::CompareOptions { confidence, resamples, seed, min_effect };
-            compare(&a, &b, json.as_deref(), opts)
+            match compare(&a, &b, json.as_deref(), tolerances.as_deref(), opts) {
+                Ok(false) => return ExitCode::from(EXIT_GATE_FAILED),
+                other => other.map(|_| ()),
+            }
         }
         #[cfg(feature = "lab")]
         Command::Simulate { scenario, out } => simulate(&scenario, &out),

@@ -14,7 +14,8 @@ mod support;
 use support::Server;
 
 fn start_llama_server() -> (Server, u16) {
-    let (me, port) = support::start_llama_server(&[]);
+    // --metrics: the latency breakdown reads the server's own token and time counters.
+    let (me, port) = support::start_llama_server(&["--metrics"]);
     // Generous: on a loaded 2-core machine the model load alone can take tens of seconds.
     let deadline = Instant::now() + Duration::from_secs(120);
     let url = format!("http://127.0.0.1:{port}/health");
@@ -44,9 +45,9 @@ fn workflow(api: &str, policy: &str, requests: u64, cap: u32) -> String {
          max_context_tokens: {cap}\ncontext_policy: {policy}\nmax_requests: {requests}\nduration: 120s\n\
          rtt_backoff: {{ ratio: 50, baseline_requests: 3 }}\nstart: ask\nstates:\n\
          \x20 ask:\n    prompts: [\"{LONG}\"]\n    timeout: 60s\n    retries: 1\n    qps: 5\n\
-         \x20   transitions: [{{ to: follow, probability: 1.0 }}]\n\
+         \x20   transitions: [{{ to: follow, probability: 0.999 }}, {{ to: end, probability: 0.001 }}]\n\
          \x20 follow:\n    prompts: [\"{LONG}\"]\n\
-         \x20   transitions: [{{ to: follow, probability: 1.0 }}]\n"
+         \x20   transitions: [{{ to: follow, probability: 0.999 }}, {{ to: end, probability: 0.001 }}]\n"
     )
 }
 
@@ -170,4 +171,335 @@ fn bench_and_compare_against_a_real_llama_server() {
     }
     let err = rows.iter().find(|r| r["metric"] == "error_rate").unwrap();
     assert_eq!(err["verdict"], "noise", "no errors in either run");
+}
+
+/// Runs omen and returns its exit status and both outputs.
+fn omen_status(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_omen")).args(args).output().expect("run omen");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Single-turn sessions with a reference answer, so every request is scored by BLEU.
+const SCORED: &str = "name: scored\nmax_tokens: 8\nignore_eos: true\nconcurrency: 1\nseed: 3\n\
+    arrival: { rate: 5 }\nmax_requests: 3\nduration: 60s\nstart: ask\nstates:\n\
+    \x20 ask:\n    prompts: [\"Name the capital of France in one word.\"]\n\
+    \x20   references: [\"Paris is the capital of France.\"]\n    timeout: 30s\n";
+
+/// `--repeat` pools the kept runs and judges their spread; `--prices` adds the cost (and says
+/// that VRAM is unknown without an agent); `compare --tolerances` gates with exit status 3.
+#[test]
+fn repeat_cost_and_the_golden_gate_against_a_real_llama_server() {
+    let (_server, port) = start_llama_server();
+    let endpoint = format!("http://127.0.0.1:{port}/v1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| -> String { dir.path().join(name).to_str().unwrap().to_owned() };
+    std::fs::write(path("scored.yaml"), SCORED).unwrap();
+    let prices = repo().join("deploy/bench/prices.yaml");
+    let (code, _, stderr) = omen_status(&[
+        "bench",
+        "--workflow",
+        &path("scored.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--out",
+        &path("golden.json"),
+        "--server-metrics",
+        &format!("http://127.0.0.1:{port}/metrics"),
+        "--repeat",
+        "3",
+        "--stable-spread",
+        "100",
+        "--prices",
+        prices.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("run 1/3 (not kept)") && stderr.contains("run 3/3 (not kept)"), "{stderr}");
+    assert!(stderr.contains("stable") && stderr.contains("VRAM unknown"), "{stderr}");
+    let g = read(Path::new(&path("golden.json")));
+    assert_eq!(g["completed"], 3, "only the kept (middle) run is reported: {g:#}");
+    let repeat = &g["omen"]["repeat"];
+    assert_eq!(repeat["runs"], 3);
+    assert_eq!(repeat["kept"], serde_json::json!([2]));
+    assert_eq!(repeat["stable"], true);
+    assert!(g["p95_e2el_ms"].as_f64().unwrap() > 0.0);
+    let bleu = g["mean_bleu"].as_f64().unwrap();
+    assert!((0.0..=100.0).contains(&bleu) && g["scored_requests"] == 3, "{g:#}");
+    let cost = &g["omen"]["cost"];
+    // 8 output tokens per request at 0.06 per million plus the prompt at 0.02 per million.
+    let per_request = cost["mean_cost_per_request"].as_f64().unwrap();
+    let input = g["total_input_tokens"].as_f64().unwrap() / 3.0;
+    assert!((per_request - (input * 0.02 + 8.0 * 0.06) / 1e6).abs() < 1e-15, "{cost:#}");
+    assert_eq!(cost["vram"]["status"], "unavailable");
+    assert!(cost["output_tokens_per_unit_cost"].as_f64().unwrap() > 0.0);
+    // The breakdown: the client's view always; llama.cpp's counters give the server's two
+    // speeds over the kept run, and its lack of phase histograms is said.
+    let split = &g["omen"]["latency_breakdown"];
+    assert!(split["client"]["prefill_tokens_per_s"].as_f64().unwrap() > 0.0, "{split:#}");
+    assert!(split["client"]["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{split:#}");
+    let server = &split["server"];
+    assert_eq!(server["kind"], "llamacpp", "{split:#}");
+    assert!(server["prefill_tokens_per_s"].as_f64().unwrap() > 0.0, "{split:#}");
+    assert!(server["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{split:#}");
+    assert!(server["missing"][0].as_str().unwrap().contains("no per-request phase histograms"));
+    assert!(split["ttft_split_ms"].is_null());
+    // The drift view needs 30+ requests; three are too few, and it says so.
+    assert_eq!(g["omen"]["p99_drift"]["verdict"], "too_short");
+    let svg = std::fs::read_to_string(path("golden.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("TTFT of a request"), "the picture beside the report");
+
+    // A model the price table lacks is refused before any load.
+    let (code, _, stderr) = omen_status(&[
+        "bench",
+        "--workflow",
+        &path("scored.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--out",
+        &path("x.json"),
+        "--model",
+        "gpt-9",
+        "--prices",
+        prices.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no price for model \"gpt-9\"") && stderr.contains("models.gpt-9"), "{stderr}");
+    assert!(!Path::new(&path("x.json")).exists());
+
+    // The gate: the golden report against itself passes; a candidate 50% slower at P95 and
+    // with 20% less throughput fails with exit status 3 and names both metrics.
+    let tolerances = repo().join("deploy/bench/tolerances.yaml");
+    let tol = tolerances.to_str().unwrap();
+    let (code, table, stderr) = omen_status(&[
+        "compare",
+        &path("golden.json"),
+        &path("golden.json"),
+        "--tolerances",
+        tol,
+        "--resamples",
+        "200",
+    ]);
+    assert_eq!(code, Some(0), "{table}{stderr}");
+    assert!(table.contains("gate: pass"), "{table}");
+    let mut worse = g.clone();
+    worse["p95_e2el_ms"] = (g["p95_e2el_ms"].as_f64().unwrap() * 1.5).into();
+    worse["request_throughput"] = (g["request_throughput"].as_f64().unwrap() * 0.8).into();
+    std::fs::write(path("worse.json"), worse.to_string()).unwrap();
+    let (code, table, stderr) = omen_status(&[
+        "compare",
+        &path("golden.json"),
+        &path("worse.json"),
+        "--tolerances",
+        tol,
+        "--resamples",
+        "200",
+        "--json",
+        &path("gate.json"),
+    ]);
+    assert_eq!(code, Some(3), "{table}{stderr}");
+    assert!(table.contains("gate: FAILED on p95_e2el_ms, request_throughput"), "{table}");
+    let gate = read(Path::new(&path("gate.json")));
+    assert_eq!(gate["gate"]["passed"], false);
+    // A table naming a metric the reports lack is an error (status 1), not a pass.
+    std::fs::write(path("bad.yaml"), "metrics:\n  p95_ttft_s: { increase: 1, risk: high }\n").unwrap();
+    let (code, _, stderr) = omen_status(&[
+        "compare",
+        &path("golden.json"),
+        &path("golden.json"),
+        "--tolerances",
+        &path("bad.yaml"),
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no numeric `p95_ttft_s`"), "{stderr}");
+}
+
+/// `omen capacity` climbs the rate against the real server and writes the curve and its picture.
+#[test]
+fn capacity_search_against_a_real_llama_server() {
+    let (_server, port) = start_llama_server();
+    let endpoint = format!("http://127.0.0.1:{port}/v1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| -> String { dir.path().join(name).to_str().unwrap().to_owned() };
+    std::fs::write(path("scored.yaml"), SCORED).unwrap();
+    let (code, _, stderr) = omen_status(&[
+        "capacity",
+        "--workflow",
+        &path("scored.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--out",
+        &path("cap.json"),
+        "--p99-ttft",
+        "10s",
+        "--p99-e2el",
+        "15s",
+        "--start-rate",
+        "0.5",
+        "--max-rate",
+        "4",
+        "--resolution",
+        "1",
+        "--warmup",
+        "1s",
+        "--steady",
+        "4s",
+    ]);
+    eprintln!("{stderr}");
+    assert_eq!(code, Some(0), "{stderr}");
+    let r = read(Path::new(&path("cap.json")));
+    let points = r["points"].as_array().unwrap();
+    assert!(!points.is_empty());
+    let rates: Vec<f64> = points.iter().map(|p| p["rate"].as_f64().unwrap()).collect();
+    assert!(rates.windows(2).all(|w| w[0] < w[1]), "sorted by rate: {rates:?}");
+    assert_eq!(rates[0], 0.5);
+    for p in points {
+        assert!(p["requests"].as_u64().unwrap() > 0, "{p}");
+        assert_eq!(p["pass"].as_bool().unwrap(), p["broken"].as_array().unwrap().is_empty(), "{p}");
+    }
+    // Bounds this loose hold at half a session per second even on a busy 2-core machine; the
+    // search climbs by doubling (no bisection at resolution 1) to a failing rate or to --max-rate.
+    let best = r["max_sustained"]["rate"].as_f64().unwrap_or_else(|| panic!("{r:#}"));
+    assert!(r["verdict"].as_str().unwrap().starts_with("sustains"), "{r:#}");
+    assert_eq!(rates, [0.5, 1.0, 2.0, 4.0][..rates.len()], "{r:#}");
+    match r["first_failing"]["rate"].as_f64() {
+        Some(fail) => assert!(best < fail && rates.last() == Some(&fail), "{r:#}"),
+        None => assert!(r["capped_at_max_rate"] == true && best == 4.0, "{r:#}"),
+    }
+    let at_best = points.iter().find(|p| p["rate"] == best).unwrap();
+    assert!(
+        at_best["request_throughput"].as_f64().unwrap() > 0.0
+            && at_best["mean_concurrency"].as_f64().unwrap() > 0.0
+    );
+    let svg = std::fs::read_to_string(path("cap.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("P99 E2EL bound"), "{}", &svg[..200.min(svg.len())]);
+    assert!(stderr.contains("step 1: 0.500 sessions/s"), "{stderr}");
+}
+
+/// `omen pareto` sweeps two answer lengths and keeps the undominated ones.
+#[test]
+fn pareto_sweep_against_a_real_llama_server() {
+    let (_server, port) = start_llama_server();
+    let endpoint = format!("http://127.0.0.1:{port}/v1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| -> String { dir.path().join(name).to_str().unwrap().to_owned() };
+    std::fs::write(path("scored.yaml"), SCORED).unwrap();
+    let prices = repo().join("deploy/bench/prices.yaml");
+    let (code, table, stderr) = omen_status(&[
+        "pareto",
+        "--workflow",
+        &path("scored.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--sweep",
+        "max_tokens=2,12",
+        "--sweep",
+        "extra_body.top_k=1",
+        "--prices",
+        prices.to_str().unwrap(),
+        "--max-requests",
+        "2",
+        "--out",
+        &path("pareto.json"),
+    ]);
+    assert_eq!(code, Some(0), "{table}{stderr}");
+    assert!(stderr.contains("point 2/2: max_tokens=12 top_k=1"), "{stderr}");
+    let r = read(Path::new(&path("pareto.json")));
+    assert_eq!(r["objective"], "cost");
+    let points = r["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for p in points {
+        assert_eq!(p["completed"], 2, "{p}");
+        assert!(p["objective"].as_f64().unwrap() > 0.0 && p["quality"].as_f64().is_some(), "{p}");
+    }
+    // Two output tokens cost less than twelve: the short point is always on the front.
+    let short = points.iter().find(|p| p["settings"][0][1] == "2").unwrap();
+    let long = points.iter().find(|p| p["settings"][0][1] == "12").unwrap();
+    assert!(short["objective"].as_f64() < long["objective"].as_f64(), "{r:#}");
+    assert_eq!(short["on_front"], true, "{r:#}");
+    assert!(table.lines().nth(1).unwrap().ends_with('*'), "{table}");
+    let svg = std::fs::read_to_string(path("pareto.svg")).unwrap();
+    assert!(svg.contains("Pareto front") && svg.contains("max_tokens=12 top_k=1"));
+    // A workflow without references cannot be scored, and says how to fix it.
+    std::fs::write(
+        path("plain.yaml"),
+        SCORED.replace("    references: [\"Paris is the capital of France.\"]\n", ""),
+    )
+    .unwrap();
+    let (code, _, stderr) = omen_status(&[
+        "pareto",
+        "--workflow",
+        &path("plain.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--sweep",
+        "max_tokens=2",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("gives no `references`"), "{stderr}");
+}
+
+/// The shipped example hook and a built-in report their metrics; a hook that never answers
+/// is switched off and reported, and the run still completes every request.
+#[test]
+fn extension_hooks_against_a_real_llama_server() {
+    let (_server, port) = start_llama_server();
+    let endpoint = format!("http://127.0.0.1:{port}/v1");
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| -> String { dir.path().join(name).to_str().unwrap().to_owned() };
+    std::fs::write(path("scored.yaml"), SCORED).unwrap();
+    let example = format!("python3 {}", repo().join("deploy/bench/hooks/answer_words.py").display());
+    let (code, _, stderr) = omen_status(&[
+        "bench",
+        "--workflow",
+        &path("scored.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--out",
+        &path("hooked.json"),
+        "--hook",
+        &example,
+        "--hook",
+        "builtin:chunk_stats",
+        "--hook",
+        "sleep 60",
+        "--hook-timeout",
+        "2s",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let r = read(Path::new(&path("hooked.json")));
+    assert_eq!((r["completed"].as_u64(), r["failed"].as_u64()), (Some(3), Some(0)), "{r:#}");
+    let hooks = r["omen"]["hooks"].as_array().unwrap();
+    let by_name =
+        |n: &str| hooks.iter().find(|h| h["name"] == n).unwrap_or_else(|| panic!("no hook {n}: {hooks:#?}"));
+    let words = by_name("answer_words");
+    assert_eq!(words["disabled"], false, "{words:#}");
+    assert_eq!(words["calls"]["before_request"], 3);
+    assert_eq!(words["metrics"]["answers"], 3, "{words:#}");
+    assert!(words["metrics"]["mean_words_per_answer"].as_f64().unwrap() > 0.0, "{words:#}");
+    let chunks = by_name("chunk_stats");
+    assert!(chunks["metrics"]["chunks"].as_u64().unwrap() >= 3, "{chunks:#}");
+    let silent = by_name("60");
+    assert_eq!(silent["disabled"], true, "{silent:#}");
+    assert!(silent["error"].as_str().unwrap().contains("no answer within 2s"), "{silent:#}");
+    assert_eq!(silent["calls"]["before_request"], 1, "switched off after its first silence");
+    assert!(stderr.contains("hook 60: FAILED and switched off"), "{stderr}");
+    // A command that cannot be a built-in is refused before any load.
+    let (code, _, stderr) = omen_status(&[
+        "bench",
+        "--workflow",
+        &path("scored.yaml"),
+        "--endpoint",
+        &endpoint,
+        "--hook",
+        "builtin:nope",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("builtin:nope"), "{stderr}");
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

@@ -139,7 +139,7 @@ fn workflow(requests: u64) -> String {
          start: ask\nstates:\n\
          \x20 ask:\n    prompts: [\"Name three rivers in Europe.\", \"Why is the sea salty? Answer briefly.\", \"Write a haiku about rain.\"]\n\
          \x20   timeout: 120s\n\
-         \x20   transitions: [{{ to: ask, probability: 1.0 }}]\n"
+         \x20   transitions: [{{ to: ask, probability: 0.999 }}, {{ to: end, probability: 0.001 }}]\n"
     )
 }
 
@@ -239,6 +239,7 @@ async fn omen_beside_a_real_vllm() {
             Command::new(env!("CARGO_BIN_EXE_omen"))
                 .args(["bench", "--workflow", workflow_path.to_str().unwrap(), "--endpoint", &endpoint])
                 .args(["--out", report_path.to_str().unwrap()])
+                .args(["--server-metrics", &format!("{}/metrics", endpoint.trim_end_matches("/v1"))])
                 .output()
                 .expect("run omen bench")
         })
@@ -297,6 +298,24 @@ async fn omen_beside_a_real_vllm() {
         let p = |q: &str| report[format!("{q}_{m}_ms")].as_f64().unwrap_or_else(|| panic!("no {q}_{m}_ms"));
         assert!(p("median") > 0.0 && p("median") <= p("p99"), "{m}");
     }
+    // vLLM's own phase histograms over the run split TTFT into queueing, prefill and the rest.
+    let split = &report["omen"]["latency_breakdown"];
+    let server = &split["server"];
+    assert_eq!(server["kind"], "vllm", "{split:#}");
+    assert!(server["requests"].as_f64().unwrap() >= 12.0, "the bench's 12 and any canaries: {split:#}");
+    for phase in ["queue_ms", "prefill_ms", "decode_ms", "ttft_ms", "e2e_ms"] {
+        let mean =
+            server["phases"][phase]["mean"].as_f64().unwrap_or_else(|| panic!("no {phase}: {split:#}"));
+        assert!(mean >= 0.0, "{phase}: {split:#}");
+    }
+    assert!(server["phases"]["decode_ms"]["mean"].as_f64().unwrap() > 0.0, "{split:#}");
+    for speed in ["prefill_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(server[speed].as_f64().unwrap() > 0.0, "{speed}: {split:#}");
+    }
+    let ttft = &split["ttft_split_ms"];
+    assert!(ttft["queue"].as_f64().unwrap() >= 0.0 && ttft["prefill"].as_f64().unwrap() > 0.0, "{split:#}");
+    assert!(ttft["network_and_client"].as_f64().is_some(), "{split:#}");
+    eprintln!("latency breakdown beside vLLM: {split}");
 
     // 6. What the agent made of it, through its own sources and pipeline.
     tokio::time::sleep(Duration::from_secs(5)).await;

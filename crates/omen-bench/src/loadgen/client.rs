@@ -136,6 +136,8 @@ pub struct RequestSpec<'a> {
     pub timeout: Duration,
     /// Send `ignore_eos: true`.
     pub ignore_eos: bool,
+    /// More body fields (the workflow's `extra_body`).
+    pub extra_body: &'a serde_json::Map<String, serde_json::Value>,
 }
 
 /// The completions-API prompt for a history and a new message.
@@ -148,7 +150,8 @@ pub fn completion_prompt(history: &[Turn], prompt: &str) -> String {
     text
 }
 
-fn body(spec: &RequestSpec<'_>) -> (String, serde_json::Value) {
+/// The URL and JSON body of `spec`'s request.
+pub fn body(spec: &RequestSpec<'_>) -> (String, serde_json::Value) {
     let mut body = serde_json::json!({
         "model": spec.model,
         "max_tokens": spec.max_tokens,
@@ -158,6 +161,9 @@ fn body(spec: &RequestSpec<'_>) -> (String, serde_json::Value) {
     });
     if spec.ignore_eos {
         body["ignore_eos"] = serde_json::json!(true);
+    }
+    for (k, v) in spec.extra_body {
+        body[k] = v.clone();
     }
     let root = spec.base_url.trim_end_matches('/');
     match spec.api {
@@ -189,12 +195,26 @@ fn transport(url: &str, timeout: Duration, e: reqwest::Error) -> RequestError {
 /// Sends `spec` and reads the whole stream, timing it.
 pub async fn send(client: &reqwest::Client, spec: &RequestSpec<'_>) -> Result<Measured, RequestError> {
     let (url, body) = body(spec);
-    let mut builder = client.post(&url).json(&body).timeout(spec.timeout);
-    if let Some(key) = spec.api_key {
+    send_body(client, &url, &body, spec.timeout, spec.api_key, &mut |_, _| {}).await
+}
+
+/// POSTs `body` to `url` and reads the whole stream, timing it; `on_chunk` gets each piece
+/// of content with its time since the request was sent, in ms.
+pub async fn send_body(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+    timeout: Duration,
+    api_key: Option<&str>,
+    on_chunk: &mut (dyn FnMut(f64, &str) + Send),
+) -> Result<Measured, RequestError> {
+    let url = url.to_owned();
+    let mut builder = client.post(&url).json(body).timeout(timeout);
+    if let Some(key) = api_key {
         builder = builder.bearer_auth(key);
     }
     let started = Instant::now();
-    let response = builder.send().await.map_err(|e| transport(&url, spec.timeout, e))?;
+    let response = builder.send().await.map_err(|e| transport(&url, timeout, e))?;
     let status = response.status();
     if !status.is_success() {
         let mut text = response.text().await.unwrap_or_default();
@@ -217,7 +237,7 @@ pub async fn send(client: &reqwest::Client, spec: &RequestSpec<'_>) -> Result<Me
     let stream_err = |reason: String| RequestError::Stream { url: url.clone(), reason };
     while let Some(event) = events.next().await {
         let event = event.map_err(|e| match e {
-            EventStreamError::Transport(e) => transport(&url, spec.timeout, e),
+            EventStreamError::Transport(e) => transport(&url, timeout, e),
             other => stream_err(format!("{other}; the server must speak OpenAI-style SSE")),
         })?;
         let data = event.data.trim();
@@ -247,6 +267,7 @@ pub async fn send(client: &reqwest::Client, spec: &RequestSpec<'_>) -> Result<Me
         first.get_or_insert(now);
         last = Some(now);
         chunks += 1;
+        on_chunk(now.duration_since(started).as_secs_f64() * 1e3, &text);
         if answer.len() + text.len() > MAX_ANSWER_BYTES {
             return Err(stream_err(format!("the answer exceeds {MAX_ANSWER_BYTES} bytes; lower max_tokens")));
         }
@@ -311,6 +332,7 @@ mod tests {
             temperature: 0.0,
             timeout: Duration::from_secs(1),
             ignore_eos: true,
+            extra_body: &serde_json::json!({"top_p": 0.5}).as_object().unwrap().clone(),
         };
         let (url, b) = body(&spec);
         assert_eq!(url, "http://127.0.0.1:1/v1/chat/completions");
@@ -318,6 +340,7 @@ mod tests {
             b["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, ["user", "assistant", "user"]);
         assert_eq!(b["ignore_eos"], true);
+        assert_eq!(b["top_p"], 0.5);
         spec.api = Api::Completions;
         let (url, b) = body(&spec);
         assert!(url.ends_with("/v1/completions"));

@@ -41,6 +41,8 @@ pub struct BenchOptions {
     pub duration: Option<Duration>,
     /// Show a progress bar on stderr (only drawn when stderr is a terminal).
     pub progress: bool,
+    /// Extension hooks, called at every request, chunk and the end of the run.
+    pub hooks: Vec<Arc<crate::hooks::Guarded>>,
 }
 
 /// A bench run could not start.
@@ -111,6 +113,9 @@ pub struct RequestRecord {
     pub history_turns: usize,
     /// What was done to the context first.
     pub context: ContextAction,
+    /// Sentence BLEU (0-100) of the answer against the state's reference, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bleu: Option<f64>,
     /// Error class of the last failed attempt (`timeout`, `http_503`, ...).
     pub error_kind: Option<String>,
     /// Error message of the last failed attempt.
@@ -175,6 +180,7 @@ struct Shared {
     rtt: Option<Mutex<RttController>>,
     records: Mutex<Vec<RequestRecord>>,
     progress: ProgressBar,
+    hooks: Vec<Arc<crate::hooks::Guarded>>,
 }
 
 impl Shared {
@@ -251,6 +257,16 @@ fn check_endpoint(endpoint: &str) -> Result<String, BenchError> {
     Ok(root.to_owned())
 }
 
+/// The model a run of `wf` with `opts` will use: `--model`, the workflow's, else the first
+/// the endpoint lists (asked without sending any load).
+pub async fn resolve_model(wf: &Workflow, opts: &BenchOptions) -> Result<String, BenchError> {
+    if let Some(m) = opts.model.clone().or_else(|| wf.model.clone()) {
+        return Ok(m);
+    }
+    let base_url = check_endpoint(&opts.endpoint)?;
+    client::first_model(&reqwest::Client::new(), &base_url).await.map_err(BenchError::Model)
+}
+
 /// Runs `wf` against `opts.endpoint` until its bounds are reached and returns what it measured.
 pub async fn bench(mut wf: Workflow, opts: &BenchOptions) -> Result<BenchRun, BenchError> {
     if opts.max_requests.is_some() {
@@ -302,6 +318,7 @@ pub async fn bench(mut wf: Workflow, opts: &BenchOptions) -> Result<BenchRun, Be
         client,
         start,
         progress,
+        hooks: opts.hooks.clone(),
         wf,
     });
 
@@ -361,7 +378,9 @@ async fn session(shared: Arc<Shared>, id: u64) {
     while state != END {
         let Some(s) = wf.states.get(&state) else { break };
         let Some(seq) = shared.reserve() else { break };
-        let prompt = s.prompts[rng.random_range(0..s.prompts.len())].clone();
+        let pick = rng.random_range(0..s.prompts.len());
+        let prompt = s.prompts[pick].clone();
+        let reference = s.references.get(pick);
         let max_tokens = s.max_tokens.unwrap_or(wf.max_tokens);
         let mut context = ContextAction::Kept;
         if let Some(cap) = wf.max_context_tokens {
@@ -399,13 +418,35 @@ async fn session(shared: Arc<Shared>, id: u64) {
             temperature: wf.temperature,
             timeout: s.timeout,
             ignore_eos: wf.ignore_eos,
+            extra_body: &wf.extra_body,
+        };
+        let (url, mut body) = client::body(&spec);
+        let hook_ctx = crate::hooks::RequestContext { id: seq, session: id, turn, state: state.clone() };
+        if !shared.hooks.is_empty() {
+            // A command hook may take up to its timeout to answer: off the async workers.
+            let (hooks, ctx) = (shared.hooks.clone(), hook_ctx.clone());
+            body = tokio::task::spawn_blocking(move || {
+                for h in &hooks {
+                    h.before_request(&ctx, &mut body);
+                }
+                body
+            })
+            .await
+            .unwrap_or_else(|_| client::body(&spec).1);
+        }
+        let mut on_chunk = |t_ms: f64, text: &str| {
+            for h in &shared.hooks {
+                h.on_chunk(&hook_ctx, t_ms, text);
+            }
         };
         let Ok(permit) = shared.slots.acquire().await else { break };
         let start_s = shared.start.elapsed().as_secs_f64();
         let mut attempts = 0;
         let result = loop {
             attempts += 1;
-            match client::send(&shared.client, &spec).await {
+            match client::send_body(&shared.client, &url, &body, spec.timeout, spec.api_key, &mut on_chunk)
+                .await
+            {
                 Ok(m) => break Ok(m),
                 Err(e) if attempts > s.retries => break Err(e),
                 Err(_) => {
@@ -437,6 +478,7 @@ async fn session(shared: Arc<Shared>, id: u64) {
             attempts,
             history_turns: history.len(),
             context,
+            bleu: None,
             error_kind: None,
             error: None,
         };
@@ -448,6 +490,9 @@ async fn session(shared: Arc<Shared>, id: u64) {
                     .then(|| (m.e2e_s - m.ttft_s).max(0.0) * 1e3 / (m.output_tokens - 1) as f64);
                 record.itl_ms = m.itl_s.iter().map(|x| x * 1e3).collect();
                 record.output_tokens = m.output_tokens;
+                record.bleu = reference
+                    .and_then(|r| omen_signals::sentence_bleu(&m.answer, &[r]).ok())
+                    .map(|b| b.score);
                 if let Some(p) = m.prompt_tokens.filter(|&p| p > 0) {
                     record.input_tokens = p;
                     tokens_per_char = p as f64 / prompt_chars.max(1) as f64;

@@ -11,6 +11,10 @@ use serde::Deserialize;
 /// The reserved terminal state: a transition to it ends the session.
 pub const END: &str = "end";
 
+/// Request body fields the bench sets itself, so `extra_body` may not.
+pub const RESERVED_BODY_FIELDS: [&str; 8] =
+    ["model", "messages", "prompt", "stream", "stream_options", "max_tokens", "temperature", "ignore_eos"];
+
 /// A workflow file could not be used; names the input, the problem and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkflowError {
@@ -116,6 +120,10 @@ pub struct Transition {
 pub struct State {
     /// User messages; one is picked at random each visit.
     pub prompts: Vec<String>,
+    /// Reference answers, one per prompt in the same order; when given, each answer is
+    /// scored by sentence BLEU against its reference (the report's `mean_bleu`).
+    #[serde(default)]
+    pub references: Vec<String>,
     /// Most output tokens (default: the workflow's `max_tokens`).
     #[serde(default)]
     pub max_tokens: Option<u32>,
@@ -179,6 +187,9 @@ pub struct Workflow {
     /// Seed of every random choice (arrivals, prompts, transitions).
     #[serde(default)]
     pub seed: u64,
+    /// More fields for every request body, e.g. `{top_p: 0.9, presence_penalty: 0.5}`.
+    #[serde(default)]
+    pub extra_body: serde_json::Map<String, serde_json::Value>,
     /// Session arrivals.
     pub arrival: ArrivalConfig,
     /// Largest context (history + prompt + max_tokens) a request may carry; absent: unbounded.
@@ -255,6 +266,14 @@ impl Workflow {
         if self.concurrency == 0 {
             return Err(bad("concurrency".into(), "must be at least 1".into()));
         }
+        for key in self.extra_body.keys() {
+            if RESERVED_BODY_FIELDS.contains(&key.as_str()) {
+                return Err(bad(
+                    format!("extra_body.{key}"),
+                    "is set by the bench itself; use the workflow's own field (model, max_tokens, temperature, ignore_eos) instead".into(),
+                ));
+            }
+        }
         let a = &self.arrival;
         if !(a.rate.is_finite() && a.rate > 0.0) {
             return Err(bad("arrival.rate".into(), format!("{} must be a positive sessions/s", a.rate)));
@@ -291,6 +310,16 @@ impl Workflow {
             let field = |f: &str| format!("states.{name}.{f}");
             if s.prompts.is_empty() || s.prompts.iter().any(|p| p.trim().is_empty()) {
                 return Err(bad(field("prompts"), "give at least one non-empty prompt".into()));
+            }
+            if !s.references.is_empty() && s.references.len() != s.prompts.len() {
+                return Err(bad(
+                    field("references"),
+                    format!(
+                        "{} references for {} prompts; give one reference per prompt, in the same order, or none",
+                        s.references.len(),
+                        s.prompts.len()
+                    ),
+                ));
             }
             if s.max_tokens == Some(0) {
                 return Err(bad(field("max_tokens"), "must be at least 1".into()));
@@ -333,6 +362,56 @@ impl Workflow {
                     field("transitions"),
                     format!("probabilities sum to {sum}, not 1; add a transition to `{END}` for the rest"),
                 ));
+            }
+        }
+        self.check_graph(path)
+    }
+
+    /// The states reachable from `from` over edges of positive probability, `from` included.
+    fn reachable_from<'a>(&'a self, from: &'a str) -> std::collections::BTreeSet<&'a str> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![from];
+        while let Some(name) = todo.pop() {
+            if !seen.insert(name) {
+                continue;
+            }
+            if let Some(s) = self.states.get(name) {
+                todo.extend(s.transitions.iter().filter(|t| t.probability > 0.0).map(|t| t.to.as_str()));
+            }
+        }
+        seen
+    }
+
+    /// Every state is reachable from `start`, and from every state a session can end: a state
+    /// nobody visits is a typo, and a cycle without a way out keeps a session going until the
+    /// run's budget, which no real dialogue does.
+    fn check_graph(&self, path: &str) -> Result<(), WorkflowError> {
+        let reachable = self.reachable_from(&self.start);
+        if let Some(name) = self.states.keys().find(|n| !reachable.contains(n.as_str())) {
+            return Err(WorkflowError::Invalid {
+                path: path.to_owned(),
+                field: format!("states.{name}"),
+                reason: format!(
+                    "is unreachable from start state {:?}; add a transition to it or remove it",
+                    self.start
+                ),
+            });
+        }
+        for name in self.states.keys() {
+            let from_here = self.reachable_from(name);
+            let ends = from_here
+                .iter()
+                .any(|n| *n == END || self.states.get(*n).is_some_and(|s| s.transitions.is_empty()));
+            if !ends {
+                let cycle: Vec<&str> = from_here.into_iter().collect();
+                return Err(WorkflowError::Invalid {
+                    path: path.to_owned(),
+                    field: format!("states.{name}.transitions"),
+                    reason: format!(
+                        "the cycle {} has no exit, so a session never ends; give one of its states a transition to `{END}` (even a small probability)",
+                        cycle.join(" -> ")
+                    ),
+                });
             }
         }
         Ok(())
@@ -427,6 +506,10 @@ states:
         assert!(e.contains("arrival.rate"), "{e}");
         let e = err(&OK.replace("qps: 3", "qps: -1"));
         assert!(e.contains("states.greet.qps"), "{e}");
+        let e = err(&OK.replace("prompts: [\"hi\"]", "prompts: [\"hi\"]\n    references: [\"a\", \"b\"]"));
+        assert!(e.contains("states.greet.references") && e.contains("2 references for 1 prompts"), "{e}");
+        let e = err(&format!("{OK}extra_body: {{ stream: false }}\n"));
+        assert!(e.contains("extra_body.stream") && e.contains("set by the bench"), "{e}");
         let e = err(&OK.replace("prompts: [\"hi\"]", "prompts: []"));
         assert!(e.contains("states.greet.prompts"), "{e}");
         let e = err(&format!("{OK}max_context_tokens: 8\n"));
@@ -435,5 +518,29 @@ states:
         assert!(e.contains("rtt_backoff.ratio"), "{e}");
         let e = err(&OK.replace("  ask:\n", "  end:\n"));
         assert!(e.contains("reserved"), "{e}");
+    }
+
+    #[test]
+    fn unreachable_states_and_cycles_without_exit_are_rejected() {
+        let e = err(&format!("{OK}  lost:\n    prompts: [\"?\"]\n"));
+        assert!(e.contains("states.lost") && e.contains("unreachable from start state \"greet\""), "{e}");
+        let looping = OK.replace(
+            "    max_tokens: 8\n",
+            "    max_tokens: 8\n    transitions: [{ to: ask, probability: 1.0 }]\n",
+        );
+        let e = err(&looping);
+        assert!(e.contains("states.ask.transitions") && e.contains("no exit") && e.contains("`end`"), "{e}");
+        // An edge of probability 0 is no way out.
+        let zero = OK.replace(
+            "    max_tokens: 8\n",
+            "    max_tokens: 8\n    transitions: [{ to: ask, probability: 1.0 }, { to: end, probability: 0.0 }]\n",
+        );
+        assert!(err(&zero).contains("no exit"), "{}", err(&zero));
+        // A small chance to leave is enough.
+        let leaky = OK.replace(
+            "    max_tokens: 8\n",
+            "    max_tokens: 8\n    transitions: [{ to: ask, probability: 0.99 }, { to: end, probability: 0.01 }]\n",
+        );
+        assert_eq!(err(&leaky), "");
     }
 }
