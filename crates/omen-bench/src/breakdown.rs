@@ -146,6 +146,13 @@ pub struct PhaseMs {
     pub p50: f64,
     /// 99th percentile (histogram estimate on the server side).
     pub p99: f64,
+    /// Server side: the histogram bucket holding the median, ms; the estimate is only as
+    /// fine as it (a median of 150 in [0, 300] says "below 300").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_bucket: Option<[f64; 2]>,
+    /// Server side: the bucket holding the 99th percentile, ms (`null` upper end: +Inf).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_bucket: Option<[f64; 2]>,
 }
 
 /// The client's view of the measured requests.
@@ -220,6 +227,8 @@ fn phase(values: &[f64]) -> Option<PhaseMs> {
         mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
         p50: omen_signals::quantile_linear(&sorted, 0.5),
         p99: omen_signals::quantile_linear(&sorted, 0.99),
+        p50_bucket: None,
+        p99_bucket: None,
     })
 }
 
@@ -260,7 +269,28 @@ fn delta_phase(before: Option<&HistogramTotal>, after: &HistogramTotal) -> Optio
         omen_sources::scrape::interval_quantile(q, &before.buckets, &after.buckets)
             .map_or(f64::NAN, |s| s * 1e3)
     };
-    Some(PhaseMs { mean: (after.sum - before.sum) / count * 1e3, p50: q(0.5), p99: q(0.99) })
+    Some(PhaseMs {
+        mean: (after.sum - before.sum) / count * 1e3,
+        p50: q(0.5),
+        p99: q(0.99),
+        p50_bucket: bucket_holding(0.5, &before.buckets, &after.buckets),
+        p99_bucket: bucket_holding(0.99, &before.buckets, &after.buckets),
+    })
+}
+
+/// The bounds (ms) of the bucket that holds the `q` quantile of the observations between two
+/// snapshots of one histogram (a changed layout counts from zero, as `interval_quantile`).
+fn bucket_holding(q: f64, before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<[f64; 2]> {
+    let same = before.len() == after.len() && before.iter().zip(after).all(|(b, a)| b.0 == a.0);
+    let delta: Vec<(f64, f64)> =
+        after.iter().enumerate().map(|(i, &(le, c))| (le, if same { c - before[i].1 } else { c })).collect();
+    let total = delta.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let i = delta.iter().position(|&(_, c)| c >= q * total)?;
+    let lower = if i == 0 { 0.0 } else { delta[i - 1].0 };
+    Some([lower * 1e3, delta[i].0 * 1e3])
 }
 
 fn counter_delta(before: &ServerTotals, after: &ServerTotals, name: &str) -> Option<f64> {
@@ -383,7 +413,6 @@ pub fn breakdown(records: &[RequestRecord], server: Option<ServerView>) -> Laten
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::ContextAction;
 
     /// A page a real vLLM 0.32 served (kept gzipped beside the scraper's tests).
     fn vllm_page() -> String {
@@ -437,25 +466,10 @@ mod tests {
 
     fn record(ttft_ms: f64, e2el_ms: f64) -> RequestRecord {
         RequestRecord {
-            id: 0,
-            session: 0,
-            turn: 0,
-            state: "s".into(),
-            start_s: 0.0,
-            end_s: e2el_ms / 1e3,
-            success: true,
-            ttft_ms: Some(ttft_ms),
             tpot_ms: Some((e2el_ms - ttft_ms) / 10.0),
-            itl_ms: vec![],
-            e2el_ms: Some(e2el_ms),
             input_tokens: 50,
             output_tokens: 11,
-            attempts: 1,
-            history_turns: 0,
-            context: ContextAction::Kept,
-            bleu: None,
-            error_kind: None,
-            error: None,
+            ..RequestRecord::for_test(0.0, ttft_ms, e2el_ms)
         }
     }
 
@@ -471,6 +485,8 @@ mod tests {
         // Every queue observation lies in (0.05, 0.15]: the estimate interpolates inside it.
         let p99 = server.phases["queue_ms"].p99;
         assert!(p99 > 50.0 && p99 <= 150.0, "{p99}");
+        assert_eq!(server.phases["queue_ms"].p99_bucket, Some([50.0, 150.0]));
+        assert_eq!(server.phases["e2e_ms"].p50_bucket, Some([500.0, 2000.0]));
         // 200 prompt tokens in 0.8 s of prefill; 40 decoded tokens (44 generated - 4 first) in 4 s.
         assert!(close(server.prefill_tokens_per_s.unwrap(), 250.0));
         assert!(close(server.decode_tokens_per_s.unwrap(), 10.0));

@@ -18,26 +18,35 @@ use serde::Serialize;
 
 use crate::loadgen::{self, workflow::Workflow, BenchError, BenchOptions, RequestRecord};
 
-/// Settings of a capacity search.
-#[derive(Debug, Clone)]
+/// Settings of a capacity search (also `omen capacity`'s options).
+#[derive(Debug, Clone, clap::Args)]
 pub struct CapacityOptions {
-    /// P99 time-to-first-token bound.
+    /// P99 time-to-first-token bound, e.g. 2s.
+    #[arg(long, value_parser = humantime::parse_duration)]
     pub p99_ttft: Duration,
-    /// P99 end-to-end latency bound.
+    /// P99 end-to-end latency bound, e.g. 10s.
+    #[arg(long, value_parser = humantime::parse_duration)]
     pub p99_e2el: Duration,
-    /// Largest share of failed requests in the steady window.
+    /// Largest share of failed requests a passing rate may have.
+    #[arg(long, default_value_t = 0.01)]
     pub max_error_rate: f64,
-    /// First rate tried, sessions per second.
+    /// First rate tried, sessions/s; it doubles until a bound breaks.
+    #[arg(long, default_value_t = 0.5)]
     pub start_rate: f64,
-    /// Highest rate tried, sessions per second.
+    /// Highest rate tried, sessions/s.
+    #[arg(long, default_value_t = 64.0)]
     pub max_rate: f64,
-    /// Stop bisecting when first-failing / last-passing <= 1 + resolution.
+    /// Bisect until first-failing / last-passing <= 1 + this.
+    #[arg(long, default_value_t = 0.25)]
     pub resolution: f64,
-    /// Requests started in this first part of a step are not judged.
+    /// Per step: requests started in this first window are not judged.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
-    /// Requests started in this part are judged.
+    /// Per step: requests started in this window after the warm-up are judged.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub steady: Duration,
-    /// Most requests in flight (high, so that the server, not the client, queues).
+    /// Most requests in flight (high, so the server rather than the client queues).
+    #[arg(long, default_value_t = 256)]
     pub concurrency: usize,
 }
 
@@ -45,15 +54,8 @@ pub struct CapacityOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum CapacityError {
     /// An option is out of range.
-    #[error("{option} = {value}: {reason}")]
-    Option {
-        /// The command-line option.
-        option: &'static str,
-        /// The value given.
-        value: String,
-        /// What is allowed.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Option(#[from] crate::BadOption),
     /// A step could not run.
     #[error(transparent)]
     Bench(#[from] BenchError),
@@ -65,7 +67,7 @@ pub enum CapacityError {
 impl CapacityOptions {
     /// Checks the ranges; every error names the option.
     pub fn validate(&self) -> Result<(), CapacityError> {
-        let bad = |option, value: String, reason| Err(CapacityError::Option { option, value, reason });
+        let bad = |option, value: String, reason| Err(crate::BadOption { option, value, reason }.into());
         if self.p99_ttft.is_zero() {
             return bad("--p99-ttft", format!("{:?}", self.p99_ttft), "must be positive, e.g. 2s");
         }
@@ -405,14 +407,7 @@ impl CapacityReport {
                 .label(format!("knee {k:.3}"))
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.5)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()?;
-        root.present()?;
-        Ok(())
+        Ok(crate::picture::finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)?)
     }
 }
 
@@ -457,7 +452,6 @@ pub async fn search(
         let mut options = bench.clone();
         options.max_requests = None;
         options.duration = None;
-        options.progress = false;
         // Later steps reuse the model the first one found.
         if let Some(StepContext { model, .. }) = &context {
             options.model = Some(model.clone());
@@ -483,7 +477,6 @@ pub async fn search(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::ContextAction;
 
     fn opts() -> CapacityOptions {
         CapacityOptions {
@@ -544,26 +537,11 @@ mod tests {
     }
 
     fn record(start_s: f64, e2el_ms: f64, success: bool) -> RequestRecord {
-        RequestRecord {
-            id: 0,
-            session: 0,
-            turn: 0,
-            state: "s".into(),
-            start_s,
-            end_s: start_s + e2el_ms / 1e3,
-            success,
-            ttft_ms: success.then_some(e2el_ms / 4.0),
-            tpot_ms: None,
-            itl_ms: vec![],
-            e2el_ms: success.then_some(e2el_ms),
-            input_tokens: 10,
-            output_tokens: if success { 8 } else { 0 },
-            attempts: 1,
-            history_turns: 0,
-            context: ContextAction::Kept,
-            bleu: None,
-            error_kind: None,
-            error: None,
+        let r = RequestRecord::for_test(start_s, e2el_ms / 4.0, e2el_ms);
+        if success {
+            r
+        } else {
+            r.failed()
         }
     }
 

@@ -334,7 +334,6 @@ pub fn table(rows: &[MetricDelta], confidence: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::ContextAction;
 
     /// A run of `n` requests, one completing every `gap` seconds, with TTFT drawn around `ttft`.
     fn run(n: usize, gap: f64, ttft: f64, fail_every: usize, seed: u64) -> Loaded {
@@ -343,26 +342,20 @@ mod tests {
             .map(|i| {
                 let success = fail_every == 0 || i % fail_every != 0;
                 let t = ttft * rng.random_range(0.8..1.2);
-                RequestRecord {
+                let r = RequestRecord {
                     id: i as u64,
                     session: i as u64,
-                    turn: 0,
-                    state: "s".into(),
-                    start_s: i as f64 * gap,
                     end_s: (i + 1) as f64 * gap - 1e-9,
-                    success,
-                    ttft_ms: success.then_some(t),
-                    tpot_ms: success.then_some(5.0 * rng.random_range(0.9..1.1)),
-                    itl_ms: if success { vec![5.0, 5.2] } else { vec![] },
-                    e2el_ms: success.then_some(t + 100.0),
+                    tpot_ms: Some(5.0 * rng.random_range(0.9..1.1)),
+                    itl_ms: vec![5.0, 5.2],
                     input_tokens: 20,
-                    output_tokens: if success { 16 } else { 0 },
-                    attempts: 1,
-                    history_turns: 0,
-                    context: ContextAction::Kept,
-                    bleu: None,
-                    error_kind: None,
-                    error: None,
+                    output_tokens: 16,
+                    ..RequestRecord::for_test(i as f64 * gap, t, t + 100.0)
+                };
+                if success {
+                    r
+                } else {
+                    r.failed()
                 }
             })
             .collect();

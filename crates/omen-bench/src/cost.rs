@@ -41,27 +41,16 @@ pub struct PriceTable {
     pub models: BTreeMap<String, ModelPrice>,
 }
 
+/// What a price table is, for its errors.
+const YAML: crate::yaml::Kind =
+    crate::yaml::Kind { name: "price table", example: "deploy/bench/prices.yaml" };
+
 /// A price table could not be used; names the file, the field and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CostError {
-    /// The file could not be read.
-    #[error("cannot read price table {path}: {source}; check the path")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The YAML does not match the schema.
-    #[error("price table {path}: {field}: {message}; see deploy/bench/prices.yaml for the schema")]
-    Parse {
-        /// The file.
-        path: String,
-        /// Field path.
-        field: String,
-        /// The parser's message.
-        message: String,
-    },
+    /// The file could not be read or does not match the schema.
+    #[error(transparent)]
+    Yaml(#[from] crate::yaml::YamlError),
     /// A value is out of range.
     #[error("price table {path}: {field}: {reason}")]
     Invalid {
@@ -87,20 +76,13 @@ pub enum CostError {
 impl PriceTable {
     /// Reads and checks a price table.
     pub fn load(path: &Path) -> Result<Self, CostError> {
-        let name = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| CostError::Read { path: name.clone(), source })?;
+        let (text, name) = crate::yaml::read(path, YAML)?;
         Self::from_yaml(&text, &name)
     }
 
     /// Parses and checks a table; `path` only names the input in errors.
     pub fn from_yaml(text: &str, path: &str) -> Result<Self, CostError> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let t: PriceTable = serde_path_to_error::deserialize(de).map_err(|e| CostError::Parse {
-            path: path.to_owned(),
-            field: e.path().to_string(),
-            message: e.inner().to_string(),
-        })?;
+        let t: PriceTable = crate::yaml::parse(text, path, YAML)?;
         let bad = |field: String, reason: String| CostError::Invalid { path: path.to_owned(), field, reason };
         if !(t.hardware_factor.is_finite() && t.hardware_factor > 0.0) {
             return Err(bad(
@@ -261,32 +243,13 @@ pub async fn vram_from_omen(omen_url: &str) -> Vram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::ContextAction;
 
     const SHIPPED: &str = include_str!("../../../deploy/bench/prices.yaml");
 
     fn record(input: u64, output: u64, success: bool) -> RequestRecord {
-        RequestRecord {
-            id: 0,
-            session: 0,
-            turn: 0,
-            state: "s".into(),
-            start_s: 0.0,
-            end_s: 1.0,
-            success,
-            ttft_ms: Some(10.0),
-            tpot_ms: None,
-            itl_ms: vec![],
-            e2el_ms: Some(1000.0),
-            input_tokens: input,
-            output_tokens: output,
-            attempts: 1,
-            history_turns: 0,
-            context: ContextAction::Kept,
-            bleu: None,
-            error_kind: None,
-            error: None,
-        }
+        let r = RequestRecord::for_test(0.0, 10.0, 1000.0);
+        let r = if success { r } else { r.failed() };
+        RequestRecord { input_tokens: input, output_tokens: output, ..r }
     }
 
     #[test]

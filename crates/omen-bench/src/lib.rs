@@ -11,7 +11,21 @@
 //! - [`pareto`]: the front of cost (or latency) against answer quality over swept knobs
 //!   (`omen pareto`).
 //!
+//! - [`yaml`]: reading the YAML inputs with errors that name the field.
+//!
 //! The binary `omen-push-load` loads the agent's own push-ingest API.
+
+/// A command-line option is out of range: names it, the value given and what is allowed.
+#[derive(Debug, thiserror::Error)]
+#[error("{option} = {value}: {reason}")]
+pub struct BadOption {
+    /// The option, e.g. `--start-rate`.
+    pub option: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is allowed.
+    pub reason: &'static str,
+}
 
 pub mod breakdown;
 pub mod capacity;
@@ -23,3 +37,4 @@ pub mod pareto;
 pub mod picture;
 pub mod suite;
 pub mod trust;
+pub mod yaml;

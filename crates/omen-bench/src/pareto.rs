@@ -237,14 +237,7 @@ impl ParetoReport {
                 + Circle::new((0, 0), 5, style)
                 + Text::new(label(&p.settings), (8, -6), ("sans-serif", 11))
         }))?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()?;
-        root.present()?;
-        Ok(())
+        Ok(crate::picture::finish(&mut chart, &root, SeriesLabelPosition::LowerRight)?)
     }
 }
 
@@ -279,7 +272,14 @@ pub async fn sweep(
         workflows.push(w);
     }
     let objective = if prices.is_some() { Objective::Cost } else { Objective::Latency };
-    let options = SuiteOptions { repeat: 1, stable_spread: 1.0, prices, omen: None, server_metrics: None };
+    let options = SuiteOptions {
+        repeat: 1,
+        stable_spread: 1.0,
+        require_stable: false,
+        prices,
+        omen: None,
+        server_metrics: None,
+    };
     let mut measured = Vec::with_capacity(points.len());
     for (i, (settings, w)) in points.into_iter().zip(workflows).enumerate() {
         let result = suite::run(&w, opts, &options, |_| {}).await?;

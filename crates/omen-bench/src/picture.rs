@@ -2,10 +2,28 @@
 //! time it started, the P99 of each drift window as a line over them, failures as red
 //! crosses on the time axis, and the run's headline figures in the title.
 
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::loadgen::report::P99Drift;
 use crate::loadgen::RequestRecord;
+
+/// Draws the legend of `chart` at `position` on a light box and writes out the picture.
+pub(crate) fn finish<'b>(
+    chart: &mut ChartContext<'b, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    root: &DrawingArea<SVGBackend<'b>, Shift>,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
 
 /// The picture of `records` with their `drift` windows, as SVG; `title` heads it.
 pub fn bench_svg(title: &str, records: &[RequestRecord], drift: &P99Drift) -> Result<String, String> {
@@ -67,45 +85,24 @@ fn draw<'a>(
             .label(format!("failed request ({})", failed.len()))
             .legend(|(x, y)| Cross::new((x + 8, y), 4, BLACK.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()?;
-    root.present()?;
-    Ok(())
+    Ok(finish(&mut chart, &root, SeriesLabelPosition::UpperLeft)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::loadgen::report::p99_drift;
-    use crate::loadgen::ContextAction;
 
     #[test]
     fn the_picture_shows_requests_windows_and_failures() {
         let records: Vec<RequestRecord> = (0..60)
-            .map(|i| RequestRecord {
-                id: i,
-                session: i,
-                turn: 0,
-                state: "s".into(),
-                start_s: i as f64,
-                end_s: i as f64 + 0.5,
-                success: i % 20 != 7,
-                ttft_ms: Some(100.0),
-                tpot_ms: None,
-                itl_ms: vec![],
-                e2el_ms: Some(500.0 + i as f64),
-                input_tokens: 1,
-                output_tokens: 1,
-                attempts: 1,
-                history_turns: 0,
-                context: ContextAction::Kept,
-                bleu: None,
-                error_kind: None,
-                error: None,
+            .map(|i| {
+                let r = RequestRecord::for_test(i as f64, 100.0, 500.0 + i as f64);
+                if i % 20 == 7 {
+                    r.failed()
+                } else {
+                    r
+                }
             })
             .collect();
         let drift = p99_drift(&records, 60.0);

@@ -16,6 +16,8 @@ pub struct SuiteOptions {
     pub repeat: u32,
     /// Largest P95 spread of the kept runs that counts as stable.
     pub stable_spread: f64,
+    /// The caller will fail an unstable result, so the runs must be judged.
+    pub require_stable: bool,
     /// The price table and its path, for the cost section.
     pub prices: Option<(String, PriceTable)>,
     /// An omen agent beside the server, for its GPU memory reading.
@@ -28,15 +30,8 @@ pub struct SuiteOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum SuiteError {
     /// A setting is out of range.
-    #[error("{option} {value}: {reason}")]
-    Option {
-        /// The command-line option.
-        option: &'static str,
-        /// The value given.
-        value: String,
-        /// What is allowed.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Option(#[from] crate::BadOption),
     /// A run could not start.
     #[error(transparent)]
     Bench(#[from] BenchError),
@@ -53,8 +48,8 @@ pub enum SuiteError {
 pub struct SuiteResult {
     /// The report (JSON).
     pub report: Value,
-    /// Whether the kept runs agreed (always true for a single run).
-    pub stable: bool,
+    /// Whether the kept runs agreed; `None` when fewer than two were kept.
+    pub stable: Option<bool>,
     /// The picture of the kept runs (SVG).
     pub svg: String,
     /// Lines for a person, in the order they happened.
@@ -65,18 +60,25 @@ impl SuiteOptions {
     /// Checks the options; every error names one.
     pub fn validate(&self) -> Result<(), SuiteError> {
         if self.repeat == 0 || self.repeat == 2 {
-            return Err(SuiteError::Option {
+            return Err(SuiteError::from(crate::BadOption {
                 option: "--repeat",
                 value: self.repeat.to_string(),
                 reason: "give 1, or at least 3 (the first and last runs are dropped)",
-            });
+            }));
+        }
+        if self.require_stable && trust::kept_runs(self.repeat as usize).count() < 2 {
+            return Err(SuiteError::from(crate::BadOption {
+                option: "--require-stable with --repeat",
+                value: self.repeat.to_string(),
+                reason: "stability needs two kept runs to compare: give --repeat 4 or more",
+            }));
         }
         if !(self.stable_spread.is_finite() && self.stable_spread > 0.0) {
-            return Err(SuiteError::Option {
+            return Err(SuiteError::from(crate::BadOption {
                 option: "--stable-spread",
                 value: self.stable_spread.to_string(),
                 reason: "must be > 0, e.g. 0.1 for 10%",
-            });
+            }));
         }
         Ok(())
     }
@@ -128,10 +130,15 @@ pub async fn run(
         unreachable!("validate() allows only 1 or 3+ runs, so one is kept")
     };
     let mut report = report::report(&pooled);
-    let mut stable = true;
+    let mut stable = None;
     if n > 1 {
         let summary = trust::repeat_summary(&runs, suite.stable_spread);
         stable = summary.stable;
+        let verdict = match summary.stable {
+            None => "stability not judged: one run kept (give --repeat 4 or more to compare runs)".to_owned(),
+            Some(true) => "stable".to_owned(),
+            Some(false) => format!("NOT stable ({})", summary.unstable_metrics.join(", ")),
+        };
         let spreads: Vec<String> =
             summary.spread.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect();
         tell(format!(
@@ -139,11 +146,7 @@ pub async fn run(
             summary.kept,
             spreads.join(", "),
             summary.threshold * 100.0,
-            if summary.stable {
-                "stable".to_owned()
-            } else {
-                format!("NOT stable ({})", summary.unstable_metrics.join(", "))
-            }
+            verdict
         ));
         report["omen"]["repeat"] = serde_json::json!(summary);
     }
@@ -211,4 +214,33 @@ pub async fn run(
         String::new()
     });
     Ok(SuiteResult { report, stable, svg, log })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(repeat: u32, require_stable: bool) -> SuiteOptions {
+        SuiteOptions {
+            repeat,
+            stable_spread: 0.1,
+            require_stable,
+            prices: None,
+            omen: None,
+            server_metrics: None,
+        }
+    }
+
+    #[test]
+    fn repeat_counts_that_cannot_be_judged_are_refused_by_name() {
+        assert!(options(1, false).validate().is_ok() && options(3, false).validate().is_ok());
+        assert!(options(4, true).validate().is_ok());
+        for (repeat, require) in [(0, false), (2, false), (3, true), (1, true)] {
+            let e = options(repeat, require).validate().unwrap_err().to_string();
+            assert!(e.contains("--repeat"), "{repeat} {require}: {e}");
+        }
+        let mut o = options(1, false);
+        o.stable_spread = 0.0;
+        assert!(o.validate().unwrap_err().to_string().contains("--stable-spread"));
+    }
 }

@@ -38,8 +38,9 @@ pub struct RepeatSummary {
     pub spread: BTreeMap<String, f64>,
     /// The threshold the spread was held to.
     pub threshold: f64,
-    /// Every spread within the threshold.
-    pub stable: bool,
+    /// Every spread within the threshold; `None` when fewer than two runs were kept, so
+    /// there is nothing to compare (`--repeat 4` or more).
+    pub stable: Option<bool>,
     /// The metrics whose spread exceeded the threshold.
     pub unstable_metrics: Vec<String>,
 }
@@ -80,19 +81,20 @@ pub fn repeat_summary(runs: &[BenchRun], threshold: f64) -> RepeatSummary {
                 unstable.push(key.clone());
             }
             spread.insert(key.clone(), s);
-        } else if kept.len() > 1 {
+        } else if kept.len() >= 2 {
             // A kept run without a single successful value cannot be judged stable.
             unstable.push(key.clone());
         }
         p95_ms.insert(key, values);
     }
+    let judged = kept.len() >= 2;
     RepeatSummary {
         runs: runs.len(),
         kept,
         p95_ms,
         spread,
         threshold,
-        stable: unstable.is_empty(),
+        stable: judged.then_some(unstable.is_empty()),
         unstable_metrics: unstable,
     }
 }
@@ -219,27 +221,16 @@ fn default_fail_on() -> Risk {
     Risk::High
 }
 
+/// What a tolerance table is, for its errors.
+const YAML: crate::yaml::Kind =
+    crate::yaml::Kind { name: "tolerance table", example: "deploy/bench/tolerances.yaml" };
+
 /// A tolerance table or a report could not be used; names the input, the problem and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
-    /// The file could not be read.
-    #[error("cannot read tolerance table {path}: {source}; check the path")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The YAML does not match the schema.
-    #[error("tolerance table {path}: {field}: {message}; see deploy/bench/tolerances.yaml for the schema")]
-    Parse {
-        /// The file.
-        path: String,
-        /// Field path of the error.
-        field: String,
-        /// The parser's message.
-        message: String,
-    },
+    /// The file could not be read or does not match the schema.
+    #[error(transparent)]
+    Yaml(#[from] crate::yaml::YamlError),
     /// The table is valid YAML but cannot gate anything.
     #[error("tolerance table {path}: {field}: {reason}")]
     Invalid {
@@ -265,20 +256,13 @@ pub enum GateError {
 impl Tolerances {
     /// Reads and checks a tolerance table.
     pub fn load(path: &Path) -> Result<Self, GateError> {
-        let name = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| GateError::Read { path: name.clone(), source })?;
+        let (text, name) = crate::yaml::read(path, YAML)?;
         Self::from_yaml(&text, &name)
     }
 
     /// Parses and checks a table; `path` only names the input in errors.
     pub fn from_yaml(text: &str, path: &str) -> Result<Self, GateError> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let t: Tolerances = serde_path_to_error::deserialize(de).map_err(|e| GateError::Parse {
-            path: path.to_owned(),
-            field: e.path().to_string(),
-            message: e.inner().to_string(),
-        })?;
+        let t: Tolerances = crate::yaml::parse(text, path, YAML)?;
         if t.metrics.is_empty() {
             return Err(GateError::Invalid {
                 path: path.to_owned(),
@@ -414,7 +398,6 @@ pub fn gate_table(rows: &[GateRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::ContextAction;
     use serde_json::json;
 
     const SEED_TABLE: &str = include_str!("../../../deploy/bench/tolerances.yaml");
@@ -423,23 +406,8 @@ mod tests {
         RequestRecord {
             id,
             session: id,
-            turn: 0,
-            state: "s".into(),
-            start_s: id as f64,
-            end_s: id as f64 + 0.5,
-            success: true,
-            ttft_ms: Some(ttft),
             tpot_ms: Some(10.0),
-            itl_ms: vec![10.0],
-            e2el_ms: Some(e2el),
-            input_tokens: 10,
-            output_tokens: 5,
-            attempts: 1,
-            history_turns: 0,
-            context: ContextAction::Kept,
-            bleu: None,
-            error_kind: None,
-            error: None,
+            ..RequestRecord::for_test(id as f64, ttft, e2el)
         }
     }
 
@@ -469,16 +437,19 @@ mod tests {
         let runs = [run(500.0), run(100.0), run(104.0), run(102.0), run(20.0)];
         let s = repeat_summary(&runs, 0.10);
         assert_eq!(s.kept, [2, 3, 4]);
-        assert!(s.stable, "{s:?}");
+        assert_eq!(s.stable, Some(true), "{s:?}");
         let ttft = &s.p95_ms["p95_ttft_ms"];
         assert_eq!(ttft.len(), 3);
         assert!(s.spread["p95_ttft_ms"] > 0.0 && s.spread["p95_ttft_ms"] < 0.10);
         let unstable = [run(100.0), run(100.0), run(150.0), run(100.0), run(100.0)];
         let s = repeat_summary(&unstable, 0.10);
-        assert!(!s.stable);
+        assert_eq!(s.stable, Some(false));
         assert!(s.unstable_metrics.contains(&"p95_ttft_ms".to_owned()), "{s:?}");
         // A looser threshold accepts the same runs.
-        assert!(repeat_summary(&unstable, 0.9).stable);
+        assert_eq!(repeat_summary(&unstable, 0.9).stable, Some(true));
+        // One kept run (of 3) has nothing to agree with: not judged.
+        let three = repeat_summary(&unstable[..3], 0.10);
+        assert_eq!((three.kept.as_slice(), three.stable), ([2].as_slice(), None));
     }
 
     #[test]

@@ -136,33 +136,8 @@ enum Command {
         /// API root including /v1, e.g. http://127.0.0.1:18080/v1.
         #[arg(long, short)]
         endpoint: String,
-        /// P99 time-to-first-token bound, e.g. 2s.
-        #[arg(long, value_parser = humantime::parse_duration)]
-        p99_ttft: std::time::Duration,
-        /// P99 end-to-end latency bound, e.g. 10s.
-        #[arg(long, value_parser = humantime::parse_duration)]
-        p99_e2el: std::time::Duration,
-        /// Largest share of failed requests a passing rate may have.
-        #[arg(long, default_value_t = 0.01)]
-        max_error_rate: f64,
-        /// First rate tried, sessions/s; it doubles until a bound breaks.
-        #[arg(long, default_value_t = 0.5)]
-        start_rate: f64,
-        /// Highest rate tried, sessions/s.
-        #[arg(long, default_value_t = 64.0)]
-        max_rate: f64,
-        /// Bisect until first-failing / last-passing <= 1 + this.
-        #[arg(long, default_value_t = 0.25)]
-        resolution: f64,
-        /// Per step: requests started in this first window are not judged.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        warmup: std::time::Duration,
-        /// Per step: requests started in this window after the warm-up are judged.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        steady: std::time::Duration,
-        /// Most requests in flight (high, so the server rather than the client queues).
-        #[arg(long, default_value_t = 256)]
-        concurrency: usize,
+        #[command(flatten)]
+        search: omen_bench::capacity::CapacityOptions,
         /// Model name (default: the workflow's, else the first the endpoint lists).
         #[arg(long)]
         model: Option<String>,
@@ -466,6 +441,7 @@ fn bench(
     let options = suite::SuiteOptions {
         repeat: extras.runs,
         stable_spread: extras.stable_spread,
+        require_stable: extras.require_stable,
         prices,
         omen: extras.omen.clone(),
         server_metrics: extras.server_metrics.clone(),
@@ -487,7 +463,7 @@ fn bench(
         out.display(),
         svg_path.display()
     );
-    Ok(result.stable || !extras.require_stable)
+    Ok(result.stable != Some(false) || !extras.require_stable)
 }
 
 #[cfg(feature = "bench")]
@@ -876,13 +852,11 @@ fn main() -> ExitCode {
                 }
             };
             let opts = omen_bench::loadgen::BenchOptions {
-                endpoint,
-                model,
-                api_key,
                 max_requests,
                 duration,
                 progress: !no_progress,
                 hooks,
+                ..omen_bench::loadgen::BenchOptions::new(endpoint, model, api_key)
             };
             let repeat =
                 BenchExtras { runs: repeat, stable_spread, require_stable, prices, omen, server_metrics };
@@ -892,54 +866,15 @@ fn main() -> ExitCode {
             }
         }
         #[cfg(feature = "bench")]
-        Command::Capacity {
-            workflow,
-            endpoint,
-            p99_ttft,
-            p99_e2el,
-            max_error_rate,
-            start_rate,
-            max_rate,
-            resolution,
-            warmup,
-            steady,
-            concurrency,
-            model,
-            api_key,
-            out,
-        } => {
-            let bench = omen_bench::loadgen::BenchOptions {
-                endpoint,
-                model,
-                api_key,
-                max_requests: None,
-                duration: None,
-                progress: false,
-                hooks: Vec::new(),
-            };
-            let opts = omen_bench::capacity::CapacityOptions {
-                p99_ttft,
-                p99_e2el,
-                max_error_rate,
-                start_rate,
-                max_rate,
-                resolution,
-                warmup,
-                steady,
-                concurrency,
-            };
-            capacity(&workflow, &bench, &opts, &out)
+        Command::Capacity { workflow, endpoint, search, model, api_key, out } => {
+            let bench = omen_bench::loadgen::BenchOptions::new(endpoint, model, api_key);
+            capacity(&workflow, &bench, &search, &out)
         }
         #[cfg(feature = "bench")]
         Command::Pareto { workflow, endpoint, sweep, prices, max_requests, model, api_key, out } => {
             let bench = omen_bench::loadgen::BenchOptions {
-                endpoint,
-                model,
-                api_key,
                 max_requests,
-                duration: None,
-                progress: false,
-                hooks: Vec::new(),
+                ..omen_bench::loadgen::BenchOptions::new(endpoint, model, api_key)
             };
             pareto(&workflow, &bench, &sweep, prices.as_deref(), &out)
         }

@@ -45,6 +45,21 @@ pub struct BenchOptions {
     pub hooks: Vec<Arc<crate::hooks::Guarded>>,
 }
 
+impl BenchOptions {
+    /// Load for `endpoint` with the workflow's own bounds, a progress bar and no hooks.
+    pub fn new(endpoint: String, model: Option<String>, api_key: Option<String>) -> Self {
+        Self {
+            endpoint,
+            model,
+            api_key,
+            max_requests: None,
+            duration: None,
+            progress: true,
+            hooks: Vec::new(),
+        }
+    }
+}
+
 /// A bench run could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -120,6 +135,49 @@ pub struct RequestRecord {
     pub error_kind: Option<String>,
     /// Error message of the last failed attempt.
     pub error: Option<String>,
+}
+
+#[cfg(test)]
+impl RequestRecord {
+    /// A successful single-turn request for tests, started at `start_s`: first token after
+    /// `ttft_ms`, done after `e2el_ms`, 10 tokens in and 8 out.
+    pub(crate) fn for_test(start_s: f64, ttft_ms: f64, e2el_ms: f64) -> Self {
+        RequestRecord {
+            id: 0,
+            session: 0,
+            turn: 0,
+            state: "s".into(),
+            start_s,
+            end_s: start_s + e2el_ms / 1e3,
+            success: true,
+            ttft_ms: Some(ttft_ms),
+            tpot_ms: Some((e2el_ms - ttft_ms) / 7.0),
+            itl_ms: vec![],
+            e2el_ms: Some(e2el_ms),
+            input_tokens: 10,
+            output_tokens: 8,
+            attempts: 1,
+            history_turns: 0,
+            context: ContextAction::Kept,
+            bleu: None,
+            error_kind: None,
+            error: None,
+        }
+    }
+
+    /// The same request, failed by a timeout: no latencies and no output.
+    pub(crate) fn failed(self) -> Self {
+        RequestRecord {
+            success: false,
+            ttft_ms: None,
+            tpot_ms: None,
+            itl_ms: vec![],
+            e2el_ms: None,
+            output_tokens: 0,
+            error_kind: Some("timeout".into()),
+            ..self
+        }
+    }
 }
 
 /// Round-trip back-off: a baseline TTFT from the first requests, then halve the

@@ -227,7 +227,6 @@ pub fn summary(report: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loadgen::ContextAction;
 
     #[test]
     fn stats_use_vllm_names_and_numpy_percentiles() {
@@ -244,27 +243,7 @@ mod tests {
     }
 
     fn record(start_s: f64, e2el_ms: f64) -> RequestRecord {
-        RequestRecord {
-            id: 0,
-            session: 0,
-            turn: 0,
-            state: "s".into(),
-            start_s,
-            end_s: start_s + e2el_ms / 1e3,
-            success: true,
-            ttft_ms: Some(e2el_ms / 2.0),
-            tpot_ms: None,
-            itl_ms: vec![],
-            e2el_ms: Some(e2el_ms),
-            input_tokens: 1,
-            output_tokens: 1,
-            attempts: 1,
-            history_turns: 0,
-            context: ContextAction::Kept,
-            bleu: None,
-            error_kind: None,
-            error: None,
-        }
+        RequestRecord::for_test(start_s, e2el_ms / 2.0, e2el_ms)
     }
 
     #[test]

@@ -15,27 +15,15 @@ pub const END: &str = "end";
 pub const RESERVED_BODY_FIELDS: [&str; 8] =
     ["model", "messages", "prompt", "stream", "stream_options", "max_tokens", "temperature", "ignore_eos"];
 
+/// What a workflow file is, for its errors.
+const YAML: crate::yaml::Kind = crate::yaml::Kind { name: "workflow", example: "deploy/workflows/chat.yaml" };
+
 /// A workflow file could not be used; names the input, the problem and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkflowError {
-    /// The file could not be read.
-    #[error("cannot read workflow {path}: {source}; check the path")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The YAML does not match the workflow schema.
-    #[error("workflow {path}: {field}: {message}; see deploy/workflows/chat.yaml for the schema")]
-    Parse {
-        /// The file.
-        path: String,
-        /// Field path of the error, e.g. `states.greet.timeout`.
-        field: String,
-        /// The parser's message.
-        message: String,
-    },
+    /// The file could not be read or does not match the schema.
+    #[error(transparent)]
+    Yaml(#[from] crate::yaml::YamlError),
     /// A value is out of range or inconsistent with the rest.
     #[error("workflow {path}: {field}: {reason}")]
     Invalid {
@@ -223,19 +211,13 @@ fn default_policy() -> ContextPolicy {
 impl Workflow {
     /// Reads and checks a workflow file.
     pub fn load(path: &Path) -> Result<Self, WorkflowError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| WorkflowError::Read { path: path.display().to_string(), source })?;
-        Self::from_yaml(&text, &path.display().to_string())
+        let (text, name) = crate::yaml::read(path, YAML)?;
+        Self::from_yaml(&text, &name)
     }
 
     /// Parses and checks a workflow; `path` only names the input in errors.
     pub fn from_yaml(text: &str, path: &str) -> Result<Self, WorkflowError> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let wf: Workflow = serde_path_to_error::deserialize(de).map_err(|e| WorkflowError::Parse {
-            path: path.to_owned(),
-            field: e.path().to_string(),
-            message: e.inner().to_string(),
-        })?;
+        let wf: Workflow = crate::yaml::parse(text, path, YAML)?;
         wf.validate(path)?;
         Ok(wf)
     }
@@ -480,6 +462,11 @@ states:
         let wf = Workflow::from_yaml(text, "deploy/workflows/chat.yaml").unwrap();
         assert_eq!(wf.start, "greet");
         assert!(wf.rtt_backoff.is_some() && wf.max_context_tokens.is_some());
+        assert_eq!(wf.states["greet"].references.len(), 2);
+        let text = include_str!("../../../../deploy/workflows/gate.yaml");
+        let gate = Workflow::from_yaml(text, "deploy/workflows/gate.yaml").unwrap();
+        assert!(gate.rtt_backoff.is_none() && gate.arrival.rate_shape.is_none() && gate.ignore_eos);
+        assert!(gate.states.values().all(|s| s.references.len() == s.prompts.len()));
     }
 
     #[test]
