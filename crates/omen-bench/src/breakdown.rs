@@ -51,7 +51,7 @@ pub struct HistogramTotal {
 pub struct ServerTotals {
     /// Histograms by family name.
     pub histograms: BTreeMap<String, HistogramTotal>,
-    /// Counters by family name without `_total`.
+    /// Counters (and untyped families) by name without `_total`.
     pub counters: BTreeMap<String, f64>,
 }
 
@@ -105,7 +105,8 @@ pub fn parse_totals(text: &str) -> Result<ServerTotals, String> {
                 }
                 h.buckets = by_le.into_values().collect();
             }
-            Type::Counter | Type::Untyped | Type::Gauge => {
+            // Gauges go up and down, so only counters say how much happened in between.
+            Type::Counter | Type::Untyped => {
                 let name = m.name.strip_suffix("_total").unwrap_or(&m.name).to_owned();
                 let sum: f64 =
                     m.samples.iter().map(|s| s.value.value.as_f64()).filter(|v| v.is_finite()).sum();
@@ -133,7 +134,9 @@ pub async fn scrape(url: &str) -> Result<ServerTotals, BreakdownError> {
             response.status()
         )));
     }
-    let text = response.text().await.map_err(|e| err(format!("cannot read the body: {e}")))?;
+    let text = response.text().await.map_err(|e| {
+        err(format!("cannot read the page ({e}); check that the server is healthy and retry"))
+    })?;
     parse_totals(&text).map_err(|line| err(format!("not a Prometheus text page ({line})")))
 }
 
@@ -189,6 +192,8 @@ pub struct ServerView {
     pub decode_ms_per_token: Option<f64>,
     /// What this server does not export, and so is not reported.
     pub missing: Vec<String>,
+    /// The server restarted between the scrapes; its figures count from the restart.
+    pub restarted: bool,
 }
 
 /// TTFT split by where the time went (means, ms).
@@ -265,25 +270,35 @@ fn delta_phase(before: Option<&HistogramTotal>, after: &HistogramTotal) -> Optio
     if count <= 0.0 {
         return None;
     }
-    let q = |q: f64| {
-        omen_sources::scrape::interval_quantile(q, &before.buckets, &after.buckets)
-            .map_or(f64::NAN, |s| s * 1e3)
-    };
+    let delta = delta_buckets(&before.buckets, &after.buckets);
+    let q = |q: f64| omen_sources::scrape::bucket_quantile(q, &delta).map_or(f64::NAN, |s| s * 1e3);
     Some(PhaseMs {
         mean: (after.sum - before.sum) / count * 1e3,
         p50: q(0.5),
         p99: q(0.99),
-        p50_bucket: bucket_holding(0.5, &before.buckets, &after.buckets),
-        p99_bucket: bucket_holding(0.99, &before.buckets, &after.buckets),
+        p50_bucket: bucket_holding(0.5, &delta),
+        p99_bucket: bucket_holding(0.99, &delta),
     })
 }
 
-/// The bounds (ms) of the bucket that holds the `q` quantile of the observations between two
-/// snapshots of one histogram (a changed layout counts from zero, as `interval_quantile`).
-fn bucket_holding(q: f64, before: &[(f64, f64)], after: &[(f64, f64)]) -> Option<[f64; 2]> {
-    let same = before.len() == after.len() && before.iter().zip(after).all(|(b, a)| b.0 == a.0);
-    let delta: Vec<(f64, f64)> =
-        after.iter().enumerate().map(|(i, &(le, c))| (le, if same { c - before[i].1 } else { c })).collect();
+/// The cumulative buckets of the observations between two snapshots of one histogram; a
+/// changed layout or a count that went down (a restart) counts from zero. Buckets are read
+/// one by one, so the deltas are kept cumulative.
+fn delta_buckets(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let same = before.len() == after.len() && before.iter().zip(after).all(|(b, a)| b.0 == a.0 && a.1 >= b.1);
+    let mut running = 0.0f64;
+    after
+        .iter()
+        .enumerate()
+        .map(|(i, &(le, c))| {
+            running = running.max(if same { c - before[i].1 } else { c });
+            (le, running)
+        })
+        .collect()
+}
+
+/// The bounds (ms) of the bucket of `delta` that holds its `q` quantile.
+fn bucket_holding(q: f64, delta: &[(f64, f64)]) -> Option<[f64; 2]> {
     let total = delta.last()?.1;
     if total <= 0.0 {
         return None;
@@ -301,6 +316,13 @@ fn counter_delta(before: &ServerTotals, after: &ServerTotals, name: &str) -> Opt
 
 /// The server's view between two scrapes of `source`.
 pub fn server_view(source: &str, before: &ServerTotals, after: &ServerTotals) -> ServerView {
+    // A count or counter that went down means the server restarted in between: its
+    // figures then count from the restart.
+    let restarted =
+        after.histograms.iter().any(|(k, h)| before.histograms.get(k).is_some_and(|b| h.count < b.count))
+            || after.counters.iter().any(|(k, &v)| before.counters.get(k).is_some_and(|&b| v < b));
+    let empty = ServerTotals::default();
+    let before = if restarted { &empty } else { before };
     let mut phases = BTreeMap::new();
     let mut missing = Vec::new();
     let is_vllm = after.histograms.keys().chain(after.counters.keys()).any(|k| k.starts_with("vllm:"));
@@ -376,6 +398,7 @@ pub fn server_view(source: &str, before: &ServerTotals, after: &ServerTotals) ->
         decode_tokens_per_s: decode_tps,
         decode_ms_per_token,
         missing,
+        restarted,
     }
 }
 
@@ -385,6 +408,9 @@ pub fn breakdown(records: &[RequestRecord], server: Option<ServerView>) -> Laten
     let mut notes = Vec::new();
     let (mut split, mut e2e_rest) = (None, None);
     if let Some(s) = &server {
+        if s.restarted {
+            notes.push("the server restarted during the run (a counter went down): its figures count from the restart only".into());
+        }
         let completed = records.iter().filter(|r| r.success).count() as f64;
         if let Some(n) = s.requests {
             if n > completed {
@@ -502,6 +528,10 @@ mod tests {
         );
         assert!(close(b.e2e_network_and_client_ms.unwrap(), 100.0));
         assert!(b.notes.is_empty(), "{:?}", b.notes);
+        // A restart between the scrapes (counts went down) counts from zero and is said.
+        let restarted = server_view("u", &after, &parse_totals(&page(3.0)).unwrap());
+        assert!(restarted.restarted && restarted.requests == Some(3.0), "{restarted:?}");
+        assert!(breakdown(&records, Some(restarted)).notes[0].contains("restarted"));
         // Other clients' requests in the window are said.
         let more = breakdown(&records[..2], Some(server_view("u", &before, &after)));
         assert!(more.notes[0].contains("other clients"), "{:?}", more.notes);

@@ -190,6 +190,13 @@ pub fn judge(
             broken.push(format!("P99 E2EL {p99_e2el_ms:.0} ms > {e2el_bound:.0} ms"));
         }
     }
+    if most.max(0) as usize >= opts.concurrency {
+        // Requests then waited for a slot in omen, where no latency counts.
+        broken.push(format!(
+            "{most} requests in flight reached --concurrency {}: the client queued; raise --concurrency",
+            opts.concurrency
+        ));
+    }
     if error_rate > opts.max_error_rate {
         broken.push(format!("error rate {:.1}% > {:.1}%", error_rate * 100.0, opts.max_error_rate * 100.0));
     }
@@ -422,7 +429,8 @@ struct StepContext {
     workflow: String,
 }
 
-/// The workflow as a capacity step runs it: one constant rate, the client out of the way.
+/// The workflow as a capacity step runs it: one constant rate, one attempt per request,
+/// the client out of the way.
 pub fn step_workflow(wf: &Workflow, rate: f64, opts: &CapacityOptions) -> Workflow {
     let mut step = wf.clone();
     step.arrival.rate = rate;
@@ -433,6 +441,9 @@ pub fn step_workflow(wf: &Workflow, rate: f64, opts: &CapacityOptions) -> Workfl
     step.duration = Some(opts.warmup + opts.steady);
     for s in step.states.values_mut() {
         s.qps = None;
+        // A retry would time only its own attempt: a request that timed out and then
+        // succeeded would count as fast. Each request gets one attempt.
+        s.retries = 0;
     }
     step
 }
@@ -568,6 +579,18 @@ mod tests {
         assert_eq!(p.max_concurrency, 3);
         let none = judge(1.0, &[record(6.0, 100.0, false)], 5.0, 10.0, &o);
         assert!(!none.pass && none.broken[0].contains("no request completed"));
+        // A step that filled the client's slots is not a measurement of the server.
+        let full = CapacityOptions { concurrency: 2, ..o.clone() };
+        let p = judge(1.0, &[record(6.0, 100.0, true), record(6.05, 100.0, true)], 5.0, 10.0, &full);
+        assert!(!p.pass && p.broken[0].contains("raise --concurrency"), "{p:?}");
+        let wf = Workflow::from_yaml(
+            "name: t\nmax_requests: 3\narrival: { rate: 1.0 }\nstart: a\nstates:\n  a:\n    prompts: [x]\n    retries: 2\n    qps: 1\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let step = step_workflow(&wf, 4.0, &o);
+        assert_eq!((step.states["a"].retries, step.states["a"].qps, step.arrival.rate), (0, None, 4.0));
+        assert_eq!((step.max_requests, step.concurrency, step.rtt_backoff.is_none()), (None, 64, true));
     }
 
     #[test]

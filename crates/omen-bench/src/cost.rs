@@ -226,7 +226,11 @@ pub async fn vram_from_omen(omen_url: &str) -> Vram {
     };
     let body: serde_json::Value = match response.json().await {
         Ok(v) => v,
-        Err(e) => return unavailable(format!("{url} is not omen's /scores/latest ({e})")),
+        Err(e) => {
+            return unavailable(format!(
+                "{url} is not omen's /scores/latest ({e}); give --omen the agent's API address (http.listen), not its metrics port"
+            ))
+        }
     };
     let values: Vec<f64> = body["signals"]
         .as_array()

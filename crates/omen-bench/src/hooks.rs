@@ -6,11 +6,13 @@
 //!   records) and returns metrics of its own, which go under `omen.hooks` in the report.
 //!
 //! Built-ins implement [`Hook`]. An external command ([`CommandHook`]) speaks JSON lines
-//! over its stdin and stdout: `{"stage": "before_request", "id", "session", "turn",
-//! "state", "body"}` answered by `{"body": {...}}` (the body to send) or `{}` (unchanged);
-//! `{"stage": "chunk", "id", "t_ms", "text"}` with no answer; `{"stage": "finalise",
-//! "report": {...}}` answered by `{"metrics": {...}}`. A hook that fails, answers garbage
-//! or does not answer within its timeout is reported and switched off; the run goes on.
+//! over its stdin and stdout: `{"stage": "before_request", "ask", "run", "id", "session",
+//! "turn", "state", "body"}` answered by `{"ask", "body": {...}}` (the body to send) or
+//! `{"ask"}` (unchanged); `{"stage": "chunk", "run", "id", "attempt", "t_ms", "text"}` with
+//! no answer; `{"stage": "finalise", "ask", "report": {...}}` answered by `{"ask",
+//! "metrics": {...}}`. Every answer echoes its question's `ask` number, so a stray line can
+//! never be taken for another request's answer. A hook that fails, answers garbage or does
+//! not answer within its timeout is reported and switched off; the run goes on.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -26,7 +28,9 @@ use serde_json::{json, Map, Value};
 /// Which request a hook call is about.
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestContext {
-    /// Request sequence number.
+    /// Run of the workload (from 1; with `--repeat`, only kept runs call hooks).
+    pub run: u32,
+    /// Request sequence number within the run.
     pub id: u64,
     /// Session number.
     pub session: u64,
@@ -49,8 +53,15 @@ pub trait Hook: Send + Sync {
     fn before_request(&self, _ctx: &RequestContext, _body: &mut Value) -> Result<(), HookError> {
         Ok(())
     }
-    /// After each decoded chunk; must not block (it runs in the stream's read loop).
-    fn on_chunk(&self, _ctx: &RequestContext, _t_ms: f64, _text: &str) -> Result<(), HookError> {
+    /// After each decoded chunk of attempt `attempt` (from 1; a retry starts its answer
+    /// again); must not block (it runs in the stream's read loop).
+    fn on_chunk(
+        &self,
+        _ctx: &RequestContext,
+        _attempt: u32,
+        _t_ms: f64,
+        _text: &str,
+    ) -> Result<(), HookError> {
         Ok(())
     }
     /// When the metrics are final: the hook's own metrics.
@@ -123,19 +134,21 @@ impl Guarded {
         match self.hook.before_request(ctx, &mut edited) {
             Ok(()) if edited.is_object() => *body = edited,
             Ok(()) => {
-                self.fail("before_request", HookError("the body it returned is not a JSON object".into()))
+                let why =
+                    "the body it returned is not a JSON object; return the whole request body as an object";
+                self.fail("before_request", HookError(why.into()))
             }
             Err(e) => self.fail("before_request", e),
         }
     }
 
     /// Runs the hook's on_chunk.
-    pub fn on_chunk(&self, ctx: &RequestContext, t_ms: f64, text: &str) {
+    pub fn on_chunk(&self, ctx: &RequestContext, attempt: u32, t_ms: f64, text: &str) {
         if self.disabled.load(Ordering::Relaxed) {
             return;
         }
         self.chunks.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.hook.on_chunk(ctx, t_ms, text) {
+        if let Err(e) = self.hook.on_chunk(ctx, attempt, t_ms, text) {
             self.fail("chunk", e);
         }
     }
@@ -189,7 +202,13 @@ impl Hook for ChunkStats {
         "chunk_stats"
     }
 
-    fn on_chunk(&self, _ctx: &RequestContext, _t_ms: f64, text: &str) -> Result<(), HookError> {
+    fn on_chunk(
+        &self,
+        _ctx: &RequestContext,
+        _attempt: u32,
+        _t_ms: f64,
+        text: &str,
+    ) -> Result<(), HookError> {
         let mut seen = self.seen.lock().map_err(|_| HookError("poisoned".into()))?;
         seen.0 += 1;
         seen.1 += text.chars().count() as u64;
@@ -218,6 +237,8 @@ pub struct CommandHook {
     /// Lines from its stdout, read by a thread so a silent hook can be timed out.
     from_hook: Mutex<mpsc::Receiver<String>>,
     child: Mutex<Child>,
+    /// Number of the next question.
+    asked: AtomicU64,
 }
 
 impl CommandHook {
@@ -260,45 +281,71 @@ impl CommandHook {
                 }
             }
         });
-        let name = command.split_whitespace().last().unwrap_or(command);
-        let name = std::path::Path::new(name)
-            .file_stem()
-            .map_or(name.to_owned(), |s| s.to_string_lossy().into_owned());
         Ok(Self {
-            name,
+            name: hook_name(command),
             command: command.to_owned(),
             timeout,
             to_hook: Mutex::new(to_hook),
             from_hook: Mutex::new(from_hook),
             child: Mutex::new(child),
+            asked: AtomicU64::new(0),
         })
+    }
+
+    fn exited(&self) -> HookError {
+        HookError(format!(
+            "{:?} has exited (or closed its stdout); run it by hand to see why: a hook reads JSON lines from stdin until it closes",
+            self.command
+        ))
     }
 
     fn send(&self, message: &Value) -> Result<(), HookError> {
         let tx = self.to_hook.lock().map_err(|_| HookError("poisoned".into()))?;
-        tx.send(message.to_string()).map_err(|_| HookError(format!("{:?} has exited", self.command)))
+        tx.send(message.to_string()).map_err(|_| self.exited())
     }
 
-    /// Sends `message` and waits for one answer line; answers are taken in turn.
-    fn ask(&self, message: &Value) -> Result<Value, HookError> {
+    /// Sends `message` with a new `ask` number and waits for the answer that echoes it; other
+    /// lines (answers to questions given up on, stray output) are skipped.
+    fn ask(&self, mut message: Value) -> Result<Value, HookError> {
         let rx = self.from_hook.lock().map_err(|_| HookError("poisoned".into()))?;
-        self.send(message)?;
-        let line = rx.recv_timeout(self.timeout).map_err(|e| match e {
-            mpsc::RecvTimeoutError::Timeout => HookError(format!(
-                "no answer within {:?}; raise --hook-timeout or fix the hook",
-                self.timeout
-            )),
-            mpsc::RecvTimeoutError::Disconnected => {
-                HookError(format!("{:?} exited (or closed its stdout) without answering", self.command))
+        let ask = self.asked.fetch_add(1, Ordering::Relaxed);
+        message["ask"] = json!(ask);
+        self.send(&message)?;
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = rx.recv_timeout(left).map_err(|e| match e {
+                mpsc::RecvTimeoutError::Timeout => HookError(format!(
+                    "no answer within {:?}; raise --hook-timeout or make the hook answer each question at once",
+                    self.timeout
+                )),
+                mpsc::RecvTimeoutError::Disconnected => self.exited(),
+            })?;
+            let answer: Value = serde_json::from_str(&line).map_err(|e| {
+                HookError(format!(
+                    "answered {:?}, not JSON ({e}); a hook writes one JSON object per line on stdout and logs to stderr",
+                    line.chars().take(120).collect::<String>()
+                ))
+            })?;
+            if answer.get("ask") == Some(&json!(ask)) {
+                return Ok(answer);
             }
-        })?;
-        serde_json::from_str(&line).map_err(|e| {
-            HookError(format!(
-                "answered {:?}, not a JSON object ({e})",
-                line.chars().take(120).collect::<String>()
-            ))
-        })
+            tracing::debug!(hook = self.name, line = %line, "skipped a line that does not answer the open question");
+        }
     }
+}
+
+/// A command hook's name: the stem of the first word that is an existing file (the script),
+/// else of the first word, e.g. `answer_words` for `python3 deploy/bench/hooks/answer_words.py`.
+fn hook_name(command: &str) -> String {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let word = words
+        .iter()
+        .find(|w| std::path::Path::new(w).is_file())
+        .or(words.first())
+        .copied()
+        .unwrap_or(command);
+    std::path::Path::new(word).file_stem().map_or(word.to_owned(), |s| s.to_string_lossy().into_owned())
 }
 
 impl Drop for CommandHook {
@@ -321,26 +368,26 @@ impl Hook for CommandHook {
     }
 
     fn before_request(&self, ctx: &RequestContext, body: &mut Value) -> Result<(), HookError> {
-        let answer = self.ask(&json!({"stage": "before_request", "id": ctx.id, "session": ctx.session,
-            "turn": ctx.turn, "state": ctx.state, "body": body}))?;
-        match answer.get("body") {
-            Some(b) => *body = b.clone(),
-            None if answer.is_object() => {}
-            None => return Err(HookError(format!("answered {answer}, not an object"))),
+        let answer = self.ask(json!({"stage": "before_request", "run": ctx.run, "id": ctx.id,
+            "session": ctx.session, "turn": ctx.turn, "state": ctx.state, "body": body}))?;
+        if let Some(b) = answer.get("body") {
+            *body = b.clone();
         }
         Ok(())
     }
 
-    fn on_chunk(&self, ctx: &RequestContext, t_ms: f64, text: &str) -> Result<(), HookError> {
-        self.send(&json!({"stage": "chunk", "id": ctx.id, "t_ms": t_ms, "text": text}))
+    fn on_chunk(&self, ctx: &RequestContext, attempt: u32, t_ms: f64, text: &str) -> Result<(), HookError> {
+        self.send(&json!({"stage": "chunk", "run": ctx.run, "id": ctx.id, "attempt": attempt, "t_ms": t_ms, "text": text}))
     }
 
     fn finalise(&self, summary: &Value) -> Result<Map<String, Value>, HookError> {
-        let answer = self.ask(&json!({"stage": "finalise", "report": summary}))?;
+        let answer = self.ask(json!({"stage": "finalise", "report": summary}))?;
         match answer.get("metrics") {
             Some(Value::Object(m)) => Ok(m.clone()),
             None => Ok(Map::new()),
-            Some(other) => Err(HookError(format!("`metrics` is {other}, not an object"))),
+            Some(other) => Err(HookError(format!(
+                "`metrics` is {other}, not an object; answer {{\"ask\": N, \"metrics\": {{\"name\": value}}}}"
+            ))),
         }
     }
 }
@@ -361,15 +408,17 @@ mod tests {
     use super::*;
 
     fn ctx() -> RequestContext {
-        RequestContext { id: 7, session: 1, turn: 0, state: "ask".into() }
+        RequestContext { run: 1, id: 7, session: 1, turn: 0, state: "ask".into() }
     }
 
     /// A hook written in shell: adds `user` to the body, then reports the chunks it counted.
-    const ECHO_HOOK: &str = r#"n=0; while IFS= read -r line; do
+    /// It first says hello on stdout, which must not be taken for an answer.
+    const ECHO_HOOK: &str = r#"echo '{"event": "ready"}'; n=0; while IFS= read -r line; do
+      ask=$(printf '%s' "$line" | sed -n 's/.*"ask":\([0-9]*\).*/\1/p')
       case "$line" in
-        *'"stage":"before_request"'*) echo '{"body": {"model": "m", "user": "hooked"}}' ;;
+        *'"stage":"before_request"'*) echo "{\"ask\": $ask, \"body\": {\"model\": \"m\", \"user\": \"hooked\"}}" ;;
         *'"stage":"chunk"'*) n=$((n+1)) ;;
-        *'"stage":"finalise"'*) echo "{\"metrics\": {\"chunks_seen\": $n}}" ;;
+        *'"stage":"finalise"'*) echo "{\"ask\": $ask, \"metrics\": {\"chunks_seen\": $n}}" ;;
       esac
     done"#;
 
@@ -380,7 +429,7 @@ mod tests {
         hook.before_request(&ctx(), &mut body);
         assert_eq!(body["user"], "hooked");
         for t in ["a", "b", "c"] {
-            hook.on_chunk(&ctx(), 1.0, t);
+            hook.on_chunk(&ctx(), 1, 1.0, t);
         }
         let out = hook.finalise(&json!({"completed": 1}));
         assert!(!out.disabled, "{out:?}");
@@ -393,7 +442,9 @@ mod tests {
         for (command, says) in [
             ("sleep 30", "no answer within"),
             ("true", "exited"),
-            ("while read -r l; do echo 'not json'; done", "not a JSON object"),
+            ("while read -r l; do echo 'not json'; done", "not JSON"),
+            // Valid JSON that never echoes the question is not an answer.
+            ("while read -r l; do echo '{\"body\": {}}'; done", "no answer within"),
         ] {
             let hook =
                 Guarded::new(Box::new(CommandHook::start(command, Duration::from_millis(300)).unwrap()));
@@ -412,8 +463,8 @@ mod tests {
     #[test]
     fn builtins_are_named_and_unknown_ones_refused() {
         let hook = Guarded::new(from_arg("builtin:chunk_stats", Duration::from_secs(1)).unwrap());
-        hook.on_chunk(&ctx(), 1.0, "héllo");
-        hook.on_chunk(&ctx(), 2.0, "!");
+        hook.on_chunk(&ctx(), 1, 1.0, "héllo");
+        hook.on_chunk(&ctx(), 1, 2.0, "!");
         let out = hook.finalise(&json!({}));
         assert_eq!(out.name, "chunk_stats");
         assert_eq!(out.metrics["chunks"], 2);
@@ -421,5 +472,7 @@ mod tests {
         let e = from_arg("builtin:nope", Duration::from_secs(1)).err().unwrap().to_string();
         assert!(e.contains("builtin:nope") && e.contains("chunk_stats"), "{e}");
         assert_eq!(summary_of(&json!({"completed": 1, "requests": []})), json!({"completed": 1}));
+        assert_eq!(hook_name("python3 Cargo.toml --verbose"), "Cargo");
+        assert_eq!(hook_name("sleep 60"), "sleep");
     }
 }

@@ -49,6 +49,9 @@ pub enum ParetoError {
     /// The picture could not be drawn.
     #[error("cannot draw the Pareto plot: {0}")]
     Plot(String),
+    /// An option is out of range.
+    #[error(transparent)]
+    Option(#[from] crate::BadOption),
 }
 
 impl std::str::FromStr for Knob {
@@ -132,20 +135,25 @@ pub struct ParetoPoint {
     pub completed: u64,
     /// Failed requests.
     pub failed: u64,
+    /// Why the point cannot be on the front (too many failures: its cost and quality are
+    /// of the few requests that succeeded), if it cannot.
+    pub excluded: Option<String>,
     /// On the front.
     pub on_front: bool,
 }
 
-/// Marks the points no other point dominates (lower objective, higher quality).
+/// Marks the points no other point dominates (lower objective, higher quality); excluded
+/// and unmeasured points take no part.
 pub fn mark_front(points: &mut [ParetoPoint]) {
-    let snapshot: Vec<(f64, f64)> = points.iter().map(|p| (p.objective, p.quality)).collect();
+    let eligible = |p: &ParetoPoint| p.excluded.is_none() && p.objective.is_finite() && p.quality.is_finite();
+    let snapshot: Vec<Option<(f64, f64)>> =
+        points.iter().map(|p| eligible(p).then_some((p.objective, p.quality))).collect();
     for (i, p) in points.iter_mut().enumerate() {
-        let (o, q) = snapshot[i];
-        p.on_front = o.is_finite()
-            && q.is_finite()
-            && !snapshot.iter().enumerate().any(|(j, &(oj, qj))| {
-                j != i && oj.is_finite() && qj.is_finite() && oj <= o && qj >= q && (oj < o || qj > q)
-            });
+        p.on_front = snapshot[i].is_some_and(|(o, q)| {
+            !snapshot.iter().enumerate().any(|(j, other)| {
+                j != i && other.is_some_and(|(oj, qj)| oj <= o && qj >= q && (oj < o || qj > q))
+            })
+        });
     }
 }
 
@@ -187,7 +195,13 @@ impl ParetoReport {
                 p.quality,
                 p.completed,
                 p.failed,
-                if p.on_front { "*" } else { "" }
+                if p.on_front {
+                    "*"
+                } else if p.excluded.is_some() {
+                    "excluded"
+                } else {
+                    ""
+                }
             ));
         }
         out
@@ -247,18 +261,35 @@ pub async fn sweep(
     opts: &BenchOptions,
     knobs: &[Knob],
     prices: Option<(String, PriceTable)>,
+    max_error_rate: f64,
     mut say: impl FnMut(&str),
 ) -> Result<ParetoReport, ParetoError> {
+    if !(0.0..1.0).contains(&max_error_rate) {
+        return Err(crate::BadOption {
+            option: "--max-error-rate",
+            value: max_error_rate.to_string(),
+            reason: "must be in [0, 1), e.g. 0.05",
+        }
+        .into());
+    }
     if !wf.states.values().any(|s| !s.references.is_empty()) {
         return Err(ParetoError::Setup(format!(
             "workflow {:?} gives no `references`, so answers cannot be scored; add one reference answer per prompt to its states",
             wf.name
         )));
     }
+    for (i, k) in knobs.iter().enumerate() {
+        if knobs[..i].iter().any(|o| o.name == k.name) {
+            return Err(ParetoError::Knob {
+                given: format!("{}=...", k.name),
+                reason: "is given twice; give all its values in one --sweep, e.g. max_tokens=8,16".into(),
+            });
+        }
+    }
     let points = grid(knobs);
     if points.len() > MAX_POINTS {
         return Err(ParetoError::Setup(format!(
-            "the sweep has {} points, more than {MAX_POINTS}; give fewer values",
+            "--sweep: the grid has {} points, more than {MAX_POINTS}; give fewer knobs or values",
             points.len()
         )));
     }
@@ -280,7 +311,8 @@ pub async fn sweep(
         omen: None,
         server_metrics: None,
     };
-    let mut measured = Vec::with_capacity(points.len());
+    let total = points.len();
+    let mut measured = Vec::with_capacity(total);
     for (i, (settings, w)) in points.into_iter().zip(workflows).enumerate() {
         let result = suite::run(&w, opts, &options, |_| {}).await?;
         let r = &result.report;
@@ -289,23 +321,31 @@ pub async fn sweep(
             Objective::Latency => r["p95_e2el_ms"].as_f64(),
         }
         .unwrap_or(f64::NAN);
+        let (completed, failed) = (r["completed"].as_u64().unwrap_or(0), r["failed"].as_u64().unwrap_or(0));
+        let error_rate = failed as f64 / (completed + failed).max(1) as f64;
         let point = ParetoPoint {
             objective: objective_value,
             quality: r["mean_bleu"].as_f64().unwrap_or(f64::NAN),
-            completed: r["completed"].as_u64().unwrap_or(0),
-            failed: r["failed"].as_u64().unwrap_or(0),
+            completed,
+            failed,
+            excluded: (error_rate > max_error_rate).then(|| {
+                format!(
+                    "{failed} of {} requests failed (more than --max-error-rate {max_error_rate})",
+                    completed + failed
+                )
+            }),
             settings,
             on_front: false,
         };
         say(&format!(
-            "point {}/{}: {} -> {:.6e}, BLEU {:.2} ({} ok, {} failed)",
+            "point {}/{total}: {} -> {:.6e}, BLEU {:.2} ({} ok, {} failed){}",
             i + 1,
-            measured.capacity(),
             label(&point.settings),
             point.objective,
             point.quality,
             point.completed,
-            point.failed
+            point.failed,
+            point.excluded.as_ref().map_or(String::new(), |e| format!("; not on the front: {e}"))
         ));
         measured.push(point);
     }
@@ -321,7 +361,15 @@ mod tests {
         "name: t\nmax_requests: 2\narrival: { rate: 1.0 }\nstart: a\nstates:\n  a:\n    prompts: [\"hi\"]\n";
 
     fn point(objective: f64, quality: f64) -> ParetoPoint {
-        ParetoPoint { settings: vec![], objective, quality, completed: 1, failed: 0, on_front: false }
+        ParetoPoint {
+            settings: vec![],
+            objective,
+            quality,
+            completed: 1,
+            failed: 0,
+            excluded: None,
+            on_front: false,
+        }
     }
 
     #[test]
@@ -342,6 +390,11 @@ mod tests {
         let mut tie = vec![point(1.0, 1.0), point(1.0, 1.0)];
         mark_front(&mut tie);
         assert!(tie.iter().all(|p| p.on_front));
+        // A point whose requests mostly failed neither joins the front nor pushes others off it.
+        let mut failing = vec![point(0.5, 50.0), point(1.0, 10.0)];
+        failing[0].excluded = Some("9 of 10 requests failed".into());
+        mark_front(&mut failing);
+        assert_eq!(failing.iter().map(|p| p.on_front).collect::<Vec<_>>(), [false, true]);
     }
 
     #[test]

@@ -120,7 +120,13 @@ pub async fn run(
         if let (Some(url), true) = (&suite.server_metrics, i == *kept.start()) {
             before = Some(breakdown::scrape(url).await?);
         }
-        runs.push(loadgen::bench(wf.clone(), &opts).await?);
+        // Hooks see the kept runs only, as the report does.
+        let run_opts = BenchOptions {
+            run: i as u32,
+            hooks: if kept.contains(&i) { opts.hooks.clone() } else { Vec::new() },
+            ..opts.clone()
+        };
+        runs.push(loadgen::bench(wf.clone(), &run_opts).await?);
         if let (Some(url), Some(b), true) = (&suite.server_metrics, &before, i == *kept.end()) {
             let after = breakdown::scrape(url).await?;
             server = Some(breakdown::server_view(url, b, &after));
@@ -185,11 +191,19 @@ pub async fn run(
     }
     if !opts.hooks.is_empty() {
         let (hooks, summary) = (opts.hooks.clone(), crate::hooks::summary_of(&report));
-        let outcomes = tokio::task::spawn_blocking(move || {
+        let mut outcomes = tokio::task::spawn_blocking(move || {
             hooks.iter().map(|h| h.finalise(&summary)).collect::<Vec<_>>()
         })
         .await
         .unwrap_or_default();
+        // Two hooks of one name (one script given twice) stay apart in the report.
+        let names: Vec<String> = outcomes.iter().map(|o| o.name.clone()).collect();
+        for (i, o) in outcomes.iter_mut().enumerate() {
+            let earlier = names[..i].iter().filter(|n| **n == names[i]).count();
+            if earlier > 0 {
+                o.name = format!("{}#{}", names[i], earlier + 1);
+            }
+        }
         for o in &outcomes {
             match &o.error {
                 Some(e) => tell(format!("hook {}: FAILED and switched off ({e}); the run went on", o.name)),

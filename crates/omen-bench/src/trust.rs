@@ -483,6 +483,10 @@ mod tests {
         // 5 ms faster is within +-5; 6 ms faster is a breach too (the seed's "+-").
         let faster = json!({"p95_e2el_ms": 195.0, "mean_bleu": 40.0, "request_throughput": 10.0});
         assert!(gate(("g", &golden), ("c", &faster), &table).unwrap().iter().all(|r| !r.fails_gate));
+        let much_faster = json!({"p95_e2el_ms": 194.0, "mean_bleu": 40.0, "request_throughput": 10.0});
+        let rows = gate(("g", &golden), ("c", &much_faster), &table).unwrap();
+        let p95 = rows.iter().find(|r| r.metric == "p95_e2el_ms").unwrap();
+        assert!(p95.verdict == GateVerdict::Breach && p95.fails_gate, "{p95:?}");
         // A medium-risk breach is reported but does not fail a gate set to high.
         let dumber = json!({"p95_e2el_ms": 200.0, "mean_bleu": 39.0, "request_throughput": 10.0});
         let rows = gate(("g", &golden), ("c", &dumber), &table).unwrap();

@@ -171,6 +171,9 @@ enum Command {
         /// Requests per point (overrides the workflow's max_requests).
         #[arg(long)]
         max_requests: Option<u64>,
+        /// A point with a larger share of failed requests is kept off the front.
+        #[arg(long, default_value_t = 0.05)]
+        max_error_rate: f64,
         /// Model name (default: the workflow's, else the first the endpoint lists).
         #[arg(long)]
         model: Option<String>,
@@ -424,6 +427,20 @@ const EXIT_UNSTABLE: u8 = 4;
 #[cfg(feature = "bench")]
 const EXIT_GATE_FAILED: u8 = 3;
 
+/// Writes `report` as pretty JSON to `out` and `svg` beside it (same name, `.svg`; skipped
+/// when empty); returns the picture's path.
+#[cfg(feature = "bench")]
+fn write_report(out: &std::path::Path, report: &serde_json::Value, svg: &str) -> Result<PathBuf> {
+    let text = serde_json::to_string_pretty(report).context("cannot serialise the report")?;
+    std::fs::write(out, text + "\n")
+        .with_context(|| format!("cannot write the report to {}", out.display()))?;
+    let svg_path = out.with_extension("svg");
+    if !svg.is_empty() {
+        std::fs::write(&svg_path, svg).with_context(|| format!("cannot write {}", svg_path.display()))?;
+    }
+    Ok(svg_path)
+}
+
 /// Runs a bench; Ok(false) when `--require-stable` was given and the runs were not stable.
 #[cfg(feature = "bench")]
 fn bench(
@@ -449,14 +466,7 @@ fn bench(
     options.validate()?;
     let rt = runtime()?;
     let result = rt.block_on(suite::run(&wf, opts, &options, |line| eprintln!("{line}")))?;
-    let text = serde_json::to_string_pretty(&result.report).context("cannot serialise the report")?;
-    std::fs::write(out, text + "\n")
-        .with_context(|| format!("cannot write the report to {}", out.display()))?;
-    let svg_path = out.with_extension("svg");
-    if !result.svg.is_empty() {
-        std::fs::write(&svg_path, &result.svg)
-            .with_context(|| format!("cannot write {}", svg_path.display()))?;
-    }
+    let svg_path = write_report(out, &result.report, &result.svg)?;
     eprintln!(
         "{}\nreport: {}, picture: {}",
         loadgen::report::summary(&result.report),
@@ -472,6 +482,7 @@ fn pareto(
     bench: &omen_bench::loadgen::BenchOptions,
     knobs: &[omen_bench::pareto::Knob],
     prices: Option<&std::path::Path>,
+    max_error_rate: f64,
     out: &std::path::Path,
 ) -> Result<()> {
     use omen_bench::{cost, pareto};
@@ -483,14 +494,11 @@ fn pareto(
     let rt = runtime()?;
     let points: usize = knobs.iter().map(|k| k.values.len()).product();
     eprintln!("pareto: {points} points, one bench run each");
-    let report = rt.block_on(pareto::sweep(&wf, bench, knobs, prices, |line| eprintln!("{line}")))?;
+    let report =
+        rt.block_on(pareto::sweep(&wf, bench, knobs, prices, max_error_rate, |line| eprintln!("{line}")))?;
     print!("{}", report.table());
-    let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-    std::fs::write(out, text + "\n")
-        .with_context(|| format!("cannot write the report to {}", out.display()))?;
-    let svg_path = out.with_extension("svg");
-    std::fs::write(&svg_path, report.svg()?)
-        .with_context(|| format!("cannot write {}", svg_path.display()))?;
+    let json = serde_json::to_value(&report).context("cannot serialise the report")?;
+    let svg_path = write_report(out, &json, &report.svg()?)?;
     eprintln!("report: {}, picture: {}", out.display(), svg_path.display());
     Ok(())
 }
@@ -528,12 +536,8 @@ fn capacity(
             eprintln!("  {} x {kind}, e.g. {}", e.count, e.example);
         }
     }))?;
-    let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-    std::fs::write(out, text + "\n")
-        .with_context(|| format!("cannot write the report to {}", out.display()))?;
-    let svg_path = out.with_extension("svg");
-    std::fs::write(&svg_path, report.svg()?)
-        .with_context(|| format!("cannot write {}", svg_path.display()))?;
+    let json = serde_json::to_value(&report).context("cannot serialise the report")?;
+    let svg_path = write_report(out, &json, &report.svg()?)?;
     eprintln!("{}\nreport: {}, picture: {}", report.verdict, out.display(), svg_path.display());
     Ok(())
 }
@@ -556,9 +560,11 @@ fn compare(
     let gate = match &table {
         Some(table) => {
             let read = |p: &std::path::Path| -> Result<serde_json::Value> {
-                let text =
-                    std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
-                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", p.display()))
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read bench report {}; check the path", p.display()))?;
+                serde_json::from_str(&text).with_context(|| {
+                    format!("{} is not JSON; produce it with `omen bench --out {}`", p.display(), p.display())
+                })
             };
             let (ga, gb) = (read(a)?, read(b)?);
             let (an, bn) = (a.display().to_string(), b.display().to_string());
@@ -871,12 +877,22 @@ fn main() -> ExitCode {
             capacity(&workflow, &bench, &search, &out)
         }
         #[cfg(feature = "bench")]
-        Command::Pareto { workflow, endpoint, sweep, prices, max_requests, model, api_key, out } => {
+        Command::Pareto {
+            workflow,
+            endpoint,
+            sweep,
+            prices,
+            max_requests,
+            max_error_rate,
+            model,
+            api_key,
+            out,
+        } => {
             let bench = omen_bench::loadgen::BenchOptions {
                 max_requests,
                 ..omen_bench::loadgen::BenchOptions::new(endpoint, model, api_key)
             };
-            pareto(&workflow, &bench, &sweep, prices.as_deref(), &out)
+            pareto(&workflow, &bench, &sweep, prices.as_deref(), max_error_rate, &out)
         }
         #[cfg(feature = "bench")]
         Command::Compare { a, b, json, confidence, resamples, seed, min_effect, tolerances } => {

@@ -13,7 +13,7 @@ pub mod workflow;
 
 use std::collections::HashMap;
 use std::io::IsTerminal as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,8 @@ pub struct BenchOptions {
     pub progress: bool,
     /// Extension hooks, called at every request, chunk and the end of the run.
     pub hooks: Vec<Arc<crate::hooks::Guarded>>,
+    /// Which run of the workload this is (from 1), as hooks are told.
+    pub run: u32,
 }
 
 impl BenchOptions {
@@ -56,6 +58,7 @@ impl BenchOptions {
             duration: None,
             progress: true,
             hooks: Vec::new(),
+            run: 1,
         }
     }
 }
@@ -239,6 +242,7 @@ struct Shared {
     records: Mutex<Vec<RequestRecord>>,
     progress: ProgressBar,
     hooks: Vec<Arc<crate::hooks::Guarded>>,
+    run: u32,
 }
 
 impl Shared {
@@ -377,6 +381,7 @@ pub async fn bench(mut wf: Workflow, opts: &BenchOptions) -> Result<BenchRun, Be
         start,
         progress,
         hooks: opts.hooks.clone(),
+        run: opts.run,
         wf,
     });
 
@@ -479,7 +484,13 @@ async fn session(shared: Arc<Shared>, id: u64) {
             extra_body: &wf.extra_body,
         };
         let (url, mut body) = client::body(&spec);
-        let hook_ctx = crate::hooks::RequestContext { id: seq, session: id, turn, state: state.clone() };
+        let hook_ctx = crate::hooks::RequestContext {
+            run: shared.run,
+            id: seq,
+            session: id,
+            turn,
+            state: state.clone(),
+        };
         if !shared.hooks.is_empty() {
             // A command hook may take up to its timeout to answer: off the async workers.
             let (hooks, ctx) = (shared.hooks.clone(), hook_ctx.clone());
@@ -492,9 +503,11 @@ async fn session(shared: Arc<Shared>, id: u64) {
             .await
             .unwrap_or_else(|_| client::body(&spec).1);
         }
+        // The attempt a chunk belongs to: a retry starts its answer again.
+        let attempt = AtomicU32::new(1);
         let mut on_chunk = |t_ms: f64, text: &str| {
             for h in &shared.hooks {
-                h.on_chunk(&hook_ctx, t_ms, text);
+                h.on_chunk(&hook_ctx, attempt.load(Ordering::Relaxed), t_ms, text);
             }
         };
         let Ok(permit) = shared.slots.acquire().await else { break };
@@ -502,6 +515,7 @@ async fn session(shared: Arc<Shared>, id: u64) {
         let mut attempts = 0;
         let result = loop {
             attempts += 1;
+            attempt.store(attempts, Ordering::Relaxed);
             match client::send_body(&shared.client, &url, &body, spec.timeout, spec.api_key, &mut on_chunk)
                 .await
             {

@@ -379,22 +379,31 @@ impl Workflow {
                 ),
             });
         }
-        for name in self.states.keys() {
-            let from_here = self.reachable_from(name);
-            let ends = from_here
-                .iter()
-                .any(|n| *n == END || self.states.get(*n).is_some_and(|s| s.transitions.is_empty()));
-            if !ends {
-                let cycle: Vec<&str> = from_here.into_iter().collect();
-                return Err(WorkflowError::Invalid {
-                    path: path.to_owned(),
-                    field: format!("states.{name}.transitions"),
-                    reason: format!(
-                        "the cycle {} has no exit, so a session never ends; give one of its states a transition to `{END}` (even a small probability)",
-                        cycle.join(" -> ")
-                    ),
-                });
+        let ends = |n: &str| n == END || self.states.get(n).is_some_and(|s| s.transitions.is_empty());
+        for (name, state) in &self.states {
+            let trap = self.reachable_from(name);
+            if trap.iter().any(|n| ends(n)) {
+                continue;
             }
+            // Name a state of the loop itself (one that leads back to itself), not one on the
+            // way in: that is where the missing way out belongs. Every trap has one.
+            let in_loop = state
+                .transitions
+                .iter()
+                .filter(|t| t.probability > 0.0)
+                .any(|t| self.reachable_from(&t.to).contains(name.as_str()));
+            if !in_loop {
+                continue;
+            }
+            let states: Vec<&str> = trap.into_iter().collect();
+            return Err(WorkflowError::Invalid {
+                path: path.to_owned(),
+                field: format!("states.{name}.transitions"),
+                reason: format!(
+                    "a session that reaches {name} never ends: from there it only visits {}; give one of them a transition to `{END}` (even a small probability)",
+                    states.join(", ")
+                ),
+            });
         }
         Ok(())
     }
@@ -516,13 +525,20 @@ states:
             "    max_tokens: 8\n    transitions: [{ to: ask, probability: 1.0 }]\n",
         );
         let e = err(&looping);
-        assert!(e.contains("states.ask.transitions") && e.contains("no exit") && e.contains("`end`"), "{e}");
+        assert!(
+            e.contains("states.ask.transitions") && e.contains("never ends") && e.contains("`end`"),
+            "{e}"
+        );
+        // The loop is blamed, not the state that leads into it.
+        let into = "name: t\nmax_requests: 3\narrival: { rate: 1.0 }\nstart: a\nstates:\n  a:\n    prompts: [x]\n    transitions: [{ to: b, probability: 1.0 }]\n  b:\n    prompts: [y]\n    transitions: [{ to: b, probability: 1.0 }]\n";
+        let e = err(into);
+        assert!(e.contains("states.b.transitions") && e.contains("only visits b;"), "{e}");
         // An edge of probability 0 is no way out.
         let zero = OK.replace(
             "    max_tokens: 8\n",
             "    max_tokens: 8\n    transitions: [{ to: ask, probability: 1.0 }, { to: end, probability: 0.0 }]\n",
         );
-        assert!(err(&zero).contains("no exit"), "{}", err(&zero));
+        assert!(err(&zero).contains("never ends"), "{}", err(&zero));
         // A small chance to leave is enough.
         let leaky = OK.replace(
             "    max_tokens: 8\n",
