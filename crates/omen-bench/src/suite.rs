@@ -104,20 +104,22 @@ pub async fn run(
         table.price(&model, path)?;
         opts.model = Some(model);
     }
-    if let Some(url) = &suite.server_metrics {
-        // A page that cannot be read stops the bench before any load, not after a run.
-        breakdown::scrape(url).await?;
-    }
+    // A page that cannot be read stops the bench before any load, not after a run; this
+    // first scrape is also the "before" of a single run.
+    let mut before = match &suite.server_metrics {
+        Some(url) => Some(breakdown::scrape(url).await?),
+        None => None,
+    };
     let n = suite.repeat as usize;
     let kept = trust::kept_runs(n);
     let mut runs = Vec::with_capacity(n);
-    let (mut before, mut server) = (None, None);
+    let mut server = None;
     for i in 1..=n {
         if n > 1 {
             tell(format!("run {i}/{n}{}", if kept.contains(&i) { "" } else { " (not kept)" }));
         }
         // The server's counters around the kept runs (which are consecutive) only.
-        if let (Some(url), true) = (&suite.server_metrics, i == *kept.start()) {
+        if let (Some(url), true) = (&suite.server_metrics, i == *kept.start() && i > 1) {
             before = Some(breakdown::scrape(url).await?);
         }
         // Hooks see the kept runs only, as the report does.

@@ -192,12 +192,6 @@ fn transport(url: &str, timeout: Duration, e: reqwest::Error) -> RequestError {
     }
 }
 
-/// Sends `spec` and reads the whole stream, timing it.
-pub async fn send(client: &reqwest::Client, spec: &RequestSpec<'_>) -> Result<Measured, RequestError> {
-    let (url, body) = body(spec);
-    send_body(client, &url, &body, spec.timeout, spec.api_key, &mut |_, _| {}).await
-}
-
 /// POSTs `body` to `url` and reads the whole stream, timing it; `on_chunk` gets each piece
 /// of content with its time since the request was sent, in ms.
 pub async fn send_body(
