@@ -232,6 +232,9 @@ enum Command {
     #[command(after_help = "Example: omen evaluate --model model.ot --data omen-simulate/trace.jsonl.gz \
         --step 10m --labels omen-simulate/labels.json")]
     Evaluate(omen_protocol::training::EvaluateArgs),
+    /// The LSTM autoencoder on SKAB by the leaderboard's protocol (fit per file on the first 400 rows), scored by SKAB's scorer, full and pruned.
+    #[command(after_help = "Example: omen evaluate-skab --json skab-lstm-ae.json")]
+    EvaluateSkab(omen_protocol::training::SkabArgs),
     #[cfg(feature = "lab")]
     /// Stress a model with perturbed prompts and report each prompt's stability boundary.
     #[command(
@@ -905,7 +908,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "lab")]
         Command::Simulate { scenario, out } => simulate(&scenario, &out),
         // Parsed here for --help and errors; run by the model worker, which takes the same line.
-        Command::Train(_) | Command::Evaluate(_) => {
+        Command::Train(_) | Command::Evaluate(_) | Command::EvaluateSkab(_) => {
             let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
             match omen_agent::worker::run_in_worker(&args) {
                 Ok(code) => return ExitCode::from(code),

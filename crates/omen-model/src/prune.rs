@@ -134,6 +134,9 @@ impl LstmAutoencoder {
         if let Some(raw) = data {
             let (train_x, val_x) = self.split(raw)?;
             if fine_tune_epochs > 0 {
+                // Seeded as training is, so a pruned model does not depend on what else drew
+                // from libtorch's global generator before.
+                tch::manual_seed(self.meta.config.seed);
                 pruned.fit(&train_x, &val_x, fine_tune_epochs, &mut |_| {})?;
             }
             pruned.calibrate(&train_x, &val_x)?;
@@ -151,14 +154,14 @@ impl LstmAutoencoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lstm_ae::tests::{periodic, trained};
+    use crate::lstm_ae::tests::{periodic, small_config, trained};
 
     #[test]
     fn pruning_keeps_the_requested_fraction_and_still_reconstructs() {
         let (m, data) = trained();
         let (p, r) = {
             let _turn = crate::lstm_ae::tests::TRAINING.lock().unwrap_or_else(|e| e.into_inner());
-            m.prune(DEFAULT_KEEP, Some(&data), 10).unwrap()
+            m.prune(DEFAULT_KEEP, Some(&data), small_config().epochs).unwrap()
         };
         assert_eq!(r.encoder_kept.len(), kept_units(16, 0.6));
         assert_eq!(p.meta.dims.hidden, 10);

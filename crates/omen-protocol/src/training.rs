@@ -77,8 +77,8 @@ pub struct TrainArgs {
     /// Prune to this share of hidden units after training (e.g. 0.6) and report before/after.
     #[arg(long)]
     pub prune: Option<f64>,
-    /// Fine-tune epochs after pruning.
-    #[arg(long, default_value_t = 5)]
+    /// Most fine-tuning epochs after pruning; stops early as training does (--patience).
+    #[arg(long, default_value_t = 60)]
     pub fine_tune: usize,
     /// libtorch threads (1 is fastest for these small LSTMs; more threads only add sync overhead).
     #[arg(long, default_value_t = 1)]
@@ -106,6 +106,63 @@ pub struct EvaluateArgs {
     /// libtorch threads (1 is fastest for these small LSTMs; more threads only add sync overhead).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+}
+
+/// `omen evaluate-skab` options: the LSTM autoencoder on SKAB by the leaderboard's
+/// protocol (per file: fit on the first 400 rows, predict every later row).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SkabArgs {
+    /// SKAB copy holding data/ (default: $OMEN_SKAB_DIR, else the repository's data/skab).
+    #[arg(long)]
+    pub skab: Option<PathBuf>,
+    /// Rows per window.
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+    /// LSTM hidden units (encoder and decoder).
+    #[arg(long, default_value_t = 32)]
+    pub hidden: usize,
+    /// Latent size.
+    #[arg(long, default_value_t = 8)]
+    pub latent: usize,
+    /// Most epochs.
+    #[arg(long, default_value_t = 60)]
+    pub epochs: usize,
+    /// Epochs without a better validation loss before stopping.
+    #[arg(long, default_value_t = 8)]
+    pub patience: usize,
+    /// Mini-batch size.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 5e-3)]
+    pub learning_rate: f64,
+    /// POT risk: the probability that a normal window's error exceeds the threshold.
+    #[arg(long, default_value_t = 1e-3)]
+    pub pot_risk: f64,
+    /// Share of the training rows (the last ones) held out for early stopping and the threshold.
+    #[arg(long, default_value_t = 0.25)]
+    pub validation_fraction: f64,
+    /// Features per column, as `omen train --features` (e.g. raw,diff).
+    #[arg(long, default_value = "raw")]
+    pub features: String,
+    /// Seed of libtorch's generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: i64,
+    /// Share of hidden units the pruned model keeps (its row beside the full model's).
+    #[arg(long, default_value_t = 0.6)]
+    pub prune: f64,
+    /// Most fine-tuning epochs after pruning; stops early as training does (--patience).
+    #[arg(long, default_value_t = 60)]
+    pub fine_tune: usize,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Also write the rows, per-file figures and timings as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 /// Rows of named columns with their timestamps.

@@ -3,11 +3,12 @@
 //!
 //! - `omen-worker serve`: the agent starts it when a model is configured and sends it
 //!   JSON-line requests on stdin (omen_protocol::worker); replies go to stdout, logs to stderr.
-//! - `omen-worker train ...` / `omen-worker evaluate ...`: what `omen train` and
-//!   `omen evaluate` run, with the same arguments.
+//! - `omen-worker train ...` / `omen-worker evaluate ...` / `omen-worker evaluate-skab ...`:
+//!   what `omen train`, `omen evaluate` and `omen evaluate-skab` run, with the same arguments.
 
 mod commands;
 mod serve;
+mod skab;
 
 use std::process::ExitCode;
 
@@ -32,6 +33,8 @@ enum Command {
     Train(omen_protocol::training::TrainArgs),
     /// Score data with a model: window-based precision, recall, F1 and the NAB score against labels.
     Evaluate(omen_protocol::training::EvaluateArgs),
+    /// The LSTM autoencoder on SKAB by the leaderboard's protocol, scored by SKAB's scorer.
+    EvaluateSkab(omen_protocol::training::SkabArgs),
 }
 
 /// Logs to stderr (the agent's log, since the agent passes its stderr on); `RUST_LOG`
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         }
         Command::Train(args) => commands::train(&args),
         Command::Evaluate(args) => commands::evaluate(&args),
+        Command::EvaluateSkab(args) => skab::evaluate_skab(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
