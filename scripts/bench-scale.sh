@@ -152,14 +152,14 @@ history() {
     cat >"$TMP/random-layer.lua" <<EOF
 math.randomseed(os.time())
 request = function()
-  local path = string.format("/scores?signal=kvf_ratio&gpu=%d&layer=%d&since=now-14d&step=1h", math.random(0, $((gpus - 1))), math.random(0, $((layers - 1))))
+  local path = string.format("/scores?signal=kv_fragmentation&gpu=%d&layer=%d&since=now-14d&step=1h", math.random(0, $((gpus - 1))), math.random(0, $((layers - 1))))
   return wrk.format("GET", path)
 end
 EOF
     # Paced: each connection waits 0.5-1.5 s (mean 1 s) before its next request.
     { cat "$TMP/random-layer.lua"; echo 'delay = function() return math.random(500, 1500) end'; } >"$TMP/paced.lua"
     local probe
-    probe=$(curl -fsS "$URL/scores?signal=kvf_ratio&gpu=0&layer=3&since=now-14d&step=1h") || die "the 14-day query is not 200"
+    probe=$(curl -fsS "$URL/scores?signal=kv_fragmentation&gpu=0&layer=3&since=now-14d&step=1h") || die "the 14-day query is not 200"
     local points
     points=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(len(d['series'][0]['points']), d['resolution'])" "$probe")
     log "14-day query answers $points"
@@ -194,7 +194,7 @@ if fill:
     targets["tick_max_ms"] = (tick["max_ms"], "(<= 50 at p99)", True)
 targets["startup_s_max_of_3"] = (max(starts), "<= 2", max(starts) <= 2.0)
 targets["scores_14d_p99_ms"] = (paced["p99_ms"], "< 10", paced["p99_ms"] < 10 and paced["non_2xx"] == 0)
-query = "/scores?signal=kvf_ratio&gpu=<random>&layer=<random>&since=now-14d&step=1h"
+query = "/scores?signal=kv_fragmentation&gpu=<random>&layer=<random>&since=now-14d&step=1h"
 summary = {"mode": "history", "fill": fill, "startup_s": starts,
            "scores_14d": dict(paced, answer=points, query=query, pace="each client about 1 query/s"),
            "scores_14d_saturated": dict(closed, answer=points, query=query, pace="back to back"),

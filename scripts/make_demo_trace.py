@@ -50,7 +50,7 @@ def degradation() -> list[str]:
             usage = 0.55 + 0.011 * day - (0.025 if weekend else 0.0) + 0.06 * daily + rng.normal(0, 0.01)
             out.append(("kvcache_usage_ratio", {"gpu": "0", "layer": str(layer)}, min(max(usage, 0.0), 1.0)))
             kvf = 1.12 + (0.011 + 0.001 * layer) * day + abs(rng.normal(0, 0.02))
-            out.append(("kvf_ratio", {"gpu": "0", "layer": str(layer)}, max(kvf, 1.0)))
+            out.append(("kv_fragmentation", {"gpu": "0", "layer": str(layer)}, max(kvf, 1.0)))
         ttft = 0.08 * (1 + 0.02 * day) * (1 + 0.25 * max(daily, 0)) * math.exp(rng.normal(0, 0.15))
         out.append(("canary_ttft_seconds", {"canary": "capital"}, ttft))
         changed = day >= CHANGE_DAY
@@ -76,7 +76,7 @@ def healthy() -> list[str]:
             usage = 0.55 + 0.02 * daily + rng.normal(0, 0.01)
             out.append(("kvcache_usage_ratio", {"gpu": "0", "layer": str(layer)}, min(max(usage, 0.0), 1.0)))
             kvf = 1.15 + rng.normal(0, 0.01)
-            out.append(("kvf_ratio", {"gpu": "0", "layer": str(layer)}, max(kvf, 1.0)))
+            out.append(("kv_fragmentation", {"gpu": "0", "layer": str(layer)}, max(kvf, 1.0)))
         ttft = 0.08 * (1 + 0.1 * max(daily, 0)) * math.exp(rng.normal(0, 0.1))
         out.append(("canary_ttft_seconds", {"canary": "capital"}, ttft))
         out.append(("tle_bits", {"canary": "capital"}, 1.20 + rng.normal(0, 0.004)))

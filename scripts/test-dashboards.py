@@ -40,7 +40,7 @@ MIN_SCHEMA = 36
 
 GAUGES = [
     "omen_tle_bits", "omen_rci", "omen_rci_bleu", "omen_rci_bertscore_f1", "omen_rci_repetition_ratio",
-    "omen_kvf_ratio", "omen_kvcache_usage_ratio", "omen_gpu_memory_used_bytes", "omen_gpu_memory_total_bytes",
+    "omen_kv_fragmentation", "omen_kvcache_usage_ratio", "omen_gpu_memory_used_bytes", "omen_gpu_memory_total_bytes",
     "omen_anomaly_score", "omen_anomaly_risk", "omen_lstm_ae_score", "omen_health_score", "omen_forecast_time_to_breach_seconds",
     "omen_forecast_time_to_breach_upper_seconds", "omen_source_up", "omen_build_info",
 ]
@@ -307,7 +307,7 @@ BROKEN = {
          "targets": [{"refId": "A", "expr": "sum(rate(omen_ttft_seconds_bucket[$__rate_interval])"}]},
         {"id": 2, "type": "timeseries", "title": "unknown metric", "gridPos": {"h": 1, "w": 1, "x": 1, "y": 0},
          "datasource": {"type": "prometheus", "uid": "${datasource}"},
-         "targets": [{"refId": "A", "expr": "max by (layer) (omen_kv_fragmentation{job=\"omen\"})"}]},
+         "targets": [{"refId": "A", "expr": "max by (layer) (omen_kv_fragments{job=\"omen\"})"}]},
         {"id": 3, "type": "timeseries", "title": "undefined var", "gridPos": {"h": 1, "w": 1, "x": 2, "y": 0},
          "datasource": {"type": "prometheus", "uid": "${datasource}"},
          "targets": [{"refId": "A", "expr": "omen_health_score{instance=~\"$nosuchvar\"}"}]},
@@ -316,7 +316,7 @@ BROKEN = {
          "targets": [{"refId": "A", "expr": "omen_health_score"}]},
     ],
 }
-BROKEN_EXPECT = ["promtool cannot parse", "'omen_kv_fragmentation' is not exported", "undefined variable $nosuchvar",
+BROKEN_EXPECT = ["promtool cannot parse", "'omen_kv_fragments' is not exported", "undefined variable $nosuchvar",
                  "panel 4 'fixed datasource': datasource must be"]
 
 

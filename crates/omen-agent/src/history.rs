@@ -207,9 +207,36 @@ async fn load_signal(
     from: i64,
     until: i64,
 ) -> Result<Vec<DayAggregate>, LoadError> {
-    let selector = selector(signal, &history.match_labels);
     // Each evaluation 1 ms before a midnight: `[1d]` then covers exactly that UTC day.
     let (start, end) = ((from + DAY_MS - 1) as f64 / 1000.0, (until - 1) as f64 / 1000.0);
+    let mut days = load_days(client, url, history, signal, start, end).await?;
+    // Days an older omen exported under a name since renamed fill the days the current name lacks.
+    for (old, _) in omen_signals::catalogue::RENAMED.iter().filter(|(_, new)| *new == signal) {
+        for (key, partial) in load_days(client, url, history, old, start, end).await? {
+            days.entry(key).or_insert(partial);
+        }
+    }
+    let mut rows: Vec<DayAggregate> = days
+        .into_iter()
+        .filter_map(|((labels, day_ms), p)| {
+            p.complete(SeriesKey { signal: signal.to_owned(), labels }, day_ms)
+        })
+        .filter(|d| d.day_ms >= from && d.day_ms < until)
+        .collect();
+    rows.sort_by(|a, b| (a.day_ms, &a.key.labels).cmp(&(b.day_ms, &b.key.labels)));
+    Ok(rows)
+}
+
+/// The day statistics of the series exported as `omen_<name>`, by labels and day.
+async fn load_days(
+    client: &reqwest::Client,
+    url: &str,
+    history: &HistoryConfig,
+    name: &str,
+    start: f64,
+    end: f64,
+) -> Result<HashMap<(BTreeMap<String, String>, i64), Partial>, LoadError> {
+    let selector = selector(name, &history.match_labels);
     let mut days: HashMap<(BTreeMap<String, String>, i64), Partial> = HashMap::new();
     for statistic in STATISTICS {
         let query = statistic.query(&selector);
@@ -232,15 +259,7 @@ async fn load_signal(
             }
         }
     }
-    let mut rows: Vec<DayAggregate> = days
-        .into_iter()
-        .filter_map(|((labels, day_ms), p)| {
-            p.complete(SeriesKey { signal: signal.to_owned(), labels }, day_ms)
-        })
-        .filter(|d| d.day_ms >= from && d.day_ms < until)
-        .collect();
-    rows.sort_by(|a, b| (a.day_ms, &a.key.labels).cmp(&(b.day_ms, &b.key.labels)));
-    Ok(rows)
+    Ok(days)
 }
 
 /// `omen_<signal>{k="v",...}` with the label values escaped as PromQL strings.
@@ -309,14 +328,14 @@ mod tests {
     #[test]
     fn selectors_escape_label_values() {
         let labels: BTreeMap<String, String> = [("ns".to_owned(), "a\"b\\c".to_owned())].into();
-        assert_eq!(selector("kvf_ratio", &labels), r#"omen_kvf_ratio{ns="a\"b\\c"}"#);
+        assert_eq!(selector("kv_fragmentation", &labels), r#"omen_kv_fragmentation{ns="a\"b\\c"}"#);
         assert_eq!(selector("rci", &BTreeMap::new()), "omen_rci{}");
         assert_eq!(Statistic::Quantile(1, 0.95).query("x{}"), "quantile_over_time(0.95, x{}[1d])");
     }
 
     #[test]
     fn a_day_is_complete_only_with_every_statistic_and_a_sample() {
-        let key = SeriesKey { signal: "kvf_ratio".into(), labels: BTreeMap::new() };
+        let key = SeriesKey { signal: "kv_fragmentation".into(), labels: BTreeMap::new() };
         let mut p = Partial::default();
         for (s, v) in STATISTICS.iter().zip([4.0, 6.0, 1.0, 2.0, 1.5, 1.9, 2.0]) {
             assert!(p.complete(key.clone(), 0).is_none());

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::engine::HealthSummary;
 use crate::metrics::{self, GaugePoint, LiveMetrics};
 use crate::pipeline::{IngestJob, PipelineError};
+use omen_signals::catalogue;
 use omen_store::{Resolution, Store, DAY_MS};
 
 /// Shared state of the handlers.
@@ -581,6 +582,8 @@ pub fn parse_range_query(mut q: HashMap<String, String>, now: i64) -> Result<Ran
         ApiError::bad("signal", "is required, e.g. /scores?signal=health_score&since=now-6h")
     })?;
     ingest::check_name("signal", &signal).map_err(|e| ApiError::bad("signal", e.reason))?;
+    // Dashboards written before a rename keep working.
+    let signal = catalogue::current_name(&signal).to_owned();
     let until = match q.remove("until") {
         Some(t) => parse_time("until", &t, now)?,
         None => now,
@@ -625,7 +628,7 @@ pub fn parse_range_query(mut q: HashMap<String, String>, now: i64) -> Result<Ran
     } else {
         Resolution::Raw
     };
-    // Remaining query parameters are label matchers: /scores?signal=kvf_ratio&layer=3
+    // Remaining query parameters are label matchers: /scores?signal=kv_fragmentation&layer=3
     let matchers: BTreeMap<String, String> = q.into_iter().collect();
     Ok(RangeQuery { signal, since, until, step_ms, resolution, matchers })
 }
@@ -640,6 +643,7 @@ async fn scores_latest(
     if let Some(name) = &signal {
         ingest::check_name("signal", name).map_err(|e| ApiError::bad("signal", e.reason))?;
     }
+    let signal = signal.map(|name| catalogue::current_name(&name).to_owned());
     let view = st.latest.current(&st).await;
     let body = if signal.is_none() && q.is_empty() {
         let gzip =
@@ -776,7 +780,7 @@ mod tests {
                 value: 1.0,
             },
             GaugePoint {
-                name: "kvf_ratio".into(),
+                name: "kv_fragmentation".into(),
                 labels: vec![("gpu".into(), "0".into()), ("layer".into(), "3".into())],
                 value: 1.857142857142857,
             },
@@ -788,7 +792,7 @@ mod tests {
             health_score: 0.7,
             level: Level::Warning,
             contributors: vec![Contributor {
-                signal: "kvf_ratio".into(),
+                signal: "kv_fragmentation".into(),
                 labels: [("layer".to_owned(), "3".to_owned())].into(),
                 risk: 0.7,
                 anomaly_score: 4.5,
@@ -824,7 +828,7 @@ mod tests {
     fn the_step_and_span_choose_the_resolution() {
         let now = 1_793_613_600_000;
         let resolution = |since: &str, step: &str| {
-            let q = [("signal", "kvf_ratio"), ("since", since), ("step", step)]
+            let q = [("signal", "kv_fragmentation"), ("since", since), ("step", step)]
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect();

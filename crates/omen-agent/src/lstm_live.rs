@@ -45,10 +45,12 @@ impl LiveModel {
             return Err(WorkerError::unexpected("load_lstm", reply))
                 .with_context(|| format!("model.path: {}", path.display()));
         };
+        // A model trained before a signal was renamed reads that signal's current series.
+        let sources = sources.iter().map(|s| current_source(s)).collect();
         Ok(Self { worker, sources, window, missing: Vec::new() })
     }
 
-    /// Source series names, e.g. `kvf_ratio{layer="0"}`, in the model's raw-row order.
+    /// Source series names, e.g. `kv_fragmentation{layer="0"}`, in the model's raw-row order.
     pub fn sources(&self) -> &[String] {
         &self.sources
     }
@@ -78,5 +80,21 @@ impl LiveModel {
             Reply::LstmScored { error, severity } => Ok(Tick::Scored { error, severity }),
             other => Err(WorkerError::unexpected("lstm_tick", other).into()),
         }
+    }
+}
+
+/// A source series name (`signal{k="v"}`) with its signal under its current name.
+fn current_source(source: &str) -> String {
+    let (signal, rest) = source.find('{').map_or((source, ""), |i| source.split_at(i));
+    format!("{}{rest}", omen_signals::catalogue::current_name(signal))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sources_of_an_older_model_read_the_renamed_series() {
+        assert_eq!(super::current_source("kvf_ratio{layer=\"0\"}"), "kv_fragmentation{layer=\"0\"}");
+        assert_eq!(super::current_source("kvf_ratio"), "kv_fragmentation");
+        assert_eq!(super::current_source("queue_depth{pool=\"a\"}"), "queue_depth{pool=\"a\"}");
     }
 }

@@ -530,7 +530,7 @@ mod tests {
     #[test]
     fn the_004_text_names_counter_and_info_families_by_their_samples() {
         let live = Arc::new(LiveMetrics::new());
-        live.set_gauge("kvf_ratio", vec![("layer".into(), "3".into())], 1.9);
+        live.set_gauge("kv_fragmentation", vec![("layer".into(), "3".into())], 1.9);
         live.ttft.get_or_create(&vec![("canary".into(), "c1".into())]).observe(0.04);
         live.samples_ingested.inc_by(5);
         let text = render_text_004(&registry(live));
@@ -541,7 +541,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE omen_build_info gauge\nomen_build_info{"), "{text}");
-        assert!(text.contains("# TYPE omen_kvf_ratio gauge\n"), "{text}");
+        assert!(text.contains("# TYPE omen_kv_fragmentation gauge\n"), "{text}");
         assert!(text.contains("# TYPE omen_ttft_seconds histogram\n"), "{text}");
         // Every sample line belongs to the family declared above it (what 0.0.4 parsers require).
         let mut family = String::new();
@@ -579,13 +579,13 @@ b 1
     #[test]
     fn renders_gauges_histograms_and_counters() {
         let live = Arc::new(LiveMetrics::new());
-        live.set_gauge("kvf_ratio", vec![("layer".into(), "3".into())], 1.9);
+        live.set_gauge("kv_fragmentation", vec![("layer".into(), "3".into())], 1.9);
         live.set_gauge("health_score", vec![], 0.25);
         live.ttft.get_or_create(&vec![("canary".into(), "c1".into())]).observe(0.04);
         live.samples_ingested.inc_by(5);
         let text = render(&registry(live.clone()));
-        assert!(text.contains("# TYPE omen_kvf_ratio gauge"), "{text}");
-        assert!(text.contains("omen_kvf_ratio{layer=\"3\"} 1.9"), "{text}");
+        assert!(text.contains("# TYPE omen_kv_fragmentation gauge"), "{text}");
+        assert!(text.contains("omen_kv_fragmentation{layer=\"3\"} 1.9"), "{text}");
         assert!(text.contains("omen_health_score 0.25"), "{text}");
         assert!(
             text.contains("omen_ttft_seconds_bucket{le=\"0.05\",canary=\"c1\"} 1")
@@ -595,7 +595,7 @@ b 1
         assert!(text.contains("omen_samples_ingested_total 5"), "{text}");
         assert!(text.contains("omen_build_info{version="), "{text}");
         assert!(text.ends_with("# EOF\n"));
-        live.remove_gauge("kvf_ratio", &vec![("layer".into(), "3".into())]);
-        assert!(!render(&registry(live)).contains("omen_kvf_ratio{"));
+        live.remove_gauge("kv_fragmentation", &vec![("layer".into(), "3".into())]);
+        assert!(!render(&registry(live)).contains("omen_kv_fragmentation{"));
     }
 }

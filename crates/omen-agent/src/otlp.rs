@@ -24,7 +24,7 @@
 //! | `omen_gpu_memory_used_bytes`     | `hw.gpu.memory.usage` (`hw.id` = UUID)           | updowncounter | `By`      |
 //! | `omen_gpu_memory_total_bytes`    | `hw.gpu.memory.limit` (`hw.id` = UUID)           | updowncounter | `By`      |
 //! | `omen_kvcache_usage_ratio{layer}`| `omen.kvcache_usage_ratio`                       | gauge         | `1`       |
-//! | `omen_kvf_ratio{layer}`          | `omen.kvf_ratio`                                 | gauge         | `1`       |
+//! | `omen_kv_fragmentation{layer}`          | `omen.kv_fragmentation`                                 | gauge         | `1`       |
 //! | `omen_tle_bits{canary}`          | `omen.tle_bits`                                  | gauge         | `bit`     |
 //! | `omen_forecast_time_to_breach_seconds` | `omen.forecast_time_to_breach`             | gauge         | `s`       |
 //! | any other gauge `omen_<name>`    | `omen.<name>`                                    | gauge         |           |
@@ -801,7 +801,7 @@ mod tests {
             otlp_gauge_name("kvcache_usage_ratio").as_deref(),
             Some(catalogue::KVCACHE_USAGE_RATIO.otlp_name)
         );
-        assert_eq!(otlp_gauge_name("kvf_ratio").as_deref(), Some("omen.kvf_ratio"));
+        assert_eq!(otlp_gauge_name("kv_fragmentation").as_deref(), Some("omen.kv_fragmentation"));
         assert_eq!(
             otlp_gauge_name("forecast_time_to_breach_seconds").as_deref(),
             Some("omen.forecast_time_to_breach")

@@ -113,18 +113,19 @@ async fn ingest_query_and_export() {
     assert_eq!(c.get(format!("{base}/healthz")).send().await.unwrap().status(), 200);
 
     // /scores
-    let r: Value = get_json(&c, format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-1h")).await;
-    assert_eq!(r["signal"], "kvf_ratio");
+    let r: Value = get_json(&c, format!("{base}/scores?signal=kv_fragmentation&layer=3&since=now-1h")).await;
+    assert_eq!(r["signal"], "kv_fragmentation");
     let series = r["series"].as_array().unwrap();
     assert_eq!(series.len(), 1);
     let v = series[0]["points"][0][1].as_f64().unwrap();
     assert!((v - 13.0 / 7.0).abs() < 1e-12, "{r}");
     // a short span of one series takes the inline read path: the same answer
-    let short: Value = get_json(&c, format!("{base}/scores?signal=kvf_ratio&layer=3&since=now-5m")).await;
+    let short: Value =
+        get_json(&c, format!("{base}/scores?signal=kv_fragmentation&layer=3&since=now-5m")).await;
     assert_eq!(short["series"].as_array().unwrap().len(), 1, "{short}");
     assert_eq!(short["series"][0]["points"][0][1], series[0]["points"][0][1]);
     assert_eq!(short["resolution"], "raw");
-    let r = c.get(format!("{base}/scores?signal=kvf_ratio&since=yesterday")).send().await.unwrap();
+    let r = c.get(format!("{base}/scores?signal=kv_fragmentation&since=yesterday")).send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.unwrap()["field"], "since");
     assert_eq!(c.get(format!("{base}/scores")).send().await.unwrap().status(), 400);
@@ -161,7 +162,7 @@ async fn ingest_query_and_export() {
         c.get(format!("{base}/scores/latest")).header("accept-encoding", "gzip;q=0").send().await.unwrap();
     assert!(r.headers().get("content-encoding").is_none());
     // filtered by signal and labels: only the matching series, the same shape
-    let only: Value = get_json(&c, format!("{base}/scores/latest?signal=kvf_ratio&layer=3")).await;
+    let only: Value = get_json(&c, format!("{base}/scores/latest?signal=kv_fragmentation&layer=3")).await;
     let signals = only["signals"].as_array().unwrap();
     assert_eq!(signals.len(), 1, "{only}");
     assert_eq!(signals[0]["labels"], json!({"gpu": "0", "layer": "3"}));
@@ -216,7 +217,7 @@ async fn ingest_query_and_export() {
     assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
     let text = r.text().await.unwrap();
     assert!(!text.contains("# EOF") && text.contains("# TYPE omen_ingest_rejected_total counter"), "{text}");
-    assert!(text.contains("omen_kvf_ratio{gpu=\"0\",layer=\"3\"} 1.857142857142857"), "{text}");
+    assert!(text.contains("omen_kv_fragmentation{gpu=\"0\",layer=\"3\"} 1.857142857142857"), "{text}");
     assert!(text.contains("omen_kvcache_usage_ratio{gpu=\"0\",layer=\"4\"} 0.9"), "{text}");
     assert!(text.contains("omen_ingest_rejected_total{endpoint=\"kvcache\",status=\"422\"} 1"), "{text}");
     assert!(text.contains("omen_health_score "), "{text}");

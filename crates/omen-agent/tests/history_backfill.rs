@@ -60,9 +60,14 @@ fn generate(today_ms: i64) -> Vec<Series> {
             .collect()
     };
     let wave = |day: f64| 0.05 * (day * std::f64::consts::TAU).sin();
-    out.push(("omen_kvf_ratio".into(), labels(Some("0"), "llm"), points(&|d| 1.2 + 0.02 * d + wave(d))));
+    out.push((
+        "omen_kv_fragmentation".into(),
+        labels(Some("0"), "llm"),
+        points(&|d| 1.2 + 0.02 * d + wave(d)),
+    ));
+    // Exported by an omen from before the rename: its days are backfilled under the new name.
     out.push(("omen_kvf_ratio".into(), labels(Some("1"), "llm"), points(&|d| 1.1 + 0.02 * d + wave(d))));
-    out.push(("omen_kvf_ratio".into(), labels(Some("0"), "other"), points(&|_| 9.0)));
+    out.push(("omen_kv_fragmentation".into(), labels(Some("0"), "other"), points(&|_| 9.0)));
     out.push(("omen_gpu_memory_headroom_ratio".into(), labels(None, "llm"), points(&|d| 0.5 - 0.01 * d)));
     out
 }
@@ -152,7 +157,7 @@ async fn an_agent_on_an_empty_store_backfills_its_forecast_days_from_prometheus(
     assert!(done.problems.is_empty(), "{:?}", done.problems);
     assert_eq!((done.series, done.rows), (3, 3 * DAYS as usize));
     for (name, labels, points) in series.iter().filter(|s| s.1["namespace"] == "llm") {
-        let signal = name.strip_prefix("omen_").unwrap();
+        let signal = omen_signals::catalogue::current_name(name.strip_prefix("omen_").unwrap());
         let want_labels: BTreeMap<String, String> = labels
             .iter()
             .filter(|(k, _)| !["job", "instance", "namespace"].contains(k))
@@ -195,7 +200,7 @@ async fn an_agent_on_an_empty_store_backfills_its_forecast_days_from_prometheus(
     let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     let r = c
         .post(format!("{base}/v1/ingest/samples"))
-        .json(&json!({"samples": [{"signal": "kvf_ratio", "labels": {"gpu": "0", "layer": "0"}, "value": 1.6}]}))
+        .json(&json!({"samples": [{"signal": "kv_fragmentation", "labels": {"gpu": "0", "layer": "0"}, "value": 1.6}]}))
         .send()
         .await
         .unwrap();

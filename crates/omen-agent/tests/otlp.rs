@@ -116,7 +116,7 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     let (endpoint, stop_receiver) = start_receiver(receiver.clone()).await;
 
     let live = Arc::new(LiveMetrics::new());
-    live.set_gauge("kvf_ratio", labels(&[("gpu", "0"), ("layer", "3")]), 1.9);
+    live.set_gauge("kv_fragmentation", labels(&[("gpu", "0"), ("layer", "3")]), 1.9);
     live.set_gauge("kvcache_usage_ratio", labels(&[("gpu", "0"), ("layer", "3")]), 0.5);
     live.set_gauge("health_score", vec![], 0.25);
     live.set_gauge("gpu_memory_used_bytes", labels(&[("gpu", "0")]), 4.0e9);
@@ -162,7 +162,7 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
     assert_eq!(receiver.resource_attribute("service.name").as_deref(), Some("omen"));
     assert_eq!(receiver.resource_attribute("service.version").as_deref(), Some(env!("CARGO_PKG_VERSION")));
 
-    let kvf = receiver.latest("omen.kvf_ratio").expect("omen.kvf_ratio exported");
+    let kvf = receiver.latest("omen.kv_fragmentation").expect("omen.kv_fragmentation exported");
     let points = gauge_points(&kvf);
     assert!(
         points.iter().any(|(a, v)| string_attr(a, "layer").as_deref() == Some("3")
@@ -170,7 +170,7 @@ async fn exports_gauges_and_latency_histograms_to_a_real_receiver() {
             && (*v - 1.9).abs() < 1e-12),
         "{points:?}"
     );
-    assert_eq!(kvf.unit, "1");
+    assert_eq!(kvf.unit, "", "a factor >= 1 is dimensionless without being a ratio");
 
     let usage = receiver.latest("omen.kvcache_usage_ratio").expect("KV usage exported");
     assert!(gauge_points(&usage)

@@ -366,7 +366,7 @@ async fn omen_beside_a_real_vllm() {
         (Some(182.0), Some(181.0)),
         "{capacity:?}"
     );
-    let kvf = latest(&client, &agent_url, "kvf_ratio", &[("kv_group", "0")]).await;
+    let kvf = latest(&client, &agent_url, "kv_fragmentation", &[("kv_group", "0")]).await;
     assert_eq!(kvf.len(), 1, "one KV-cache group for a plain model: {kvf:?}");
     assert_eq!(kvf[0]["labels"]["attention"], "full_attention");
     assert_eq!(kvf[0]["labels"]["model"], MODEL);

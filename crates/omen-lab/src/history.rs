@@ -177,7 +177,7 @@ pub fn fill_history(cfg: Config, opts: &HistoryOptions) -> Result<HistoryReport>
             let usage = (usage * 4096.0).round() / 4096.0;
             let kvf = 1.0 + layer.frag * (1.0 + usage);
             for (signal, value) in
-                [(catalogue::KVCACHE_USAGE_RATIO.name, usage), (catalogue::KVF_RATIO.name, kvf)]
+                [(catalogue::KVCACHE_USAGE_RATIO.name, usage), (catalogue::KV_FRAGMENTATION.name, kvf)]
             {
                 batch.push(Sample { ts_ms: ts, signal: signal.into(), labels: labels[i].clone(), value });
             }
@@ -266,7 +266,7 @@ mod tests {
         assert!(report.tick_all.ticks >= 2 * 1440 - 1, "{:?}", report.tick_all);
         let store = Store::open(&cfg.store.path).unwrap();
         let all = Default::default();
-        for signal in [catalogue::KVCACHE_USAGE_RATIO.name, catalogue::KVF_RATIO.name] {
+        for signal in [catalogue::KVCACHE_USAGE_RATIO.name, catalogue::KV_FRAGMENTATION.name] {
             assert_eq!(store.series_matching(signal, &all), 2, "{signal}: one series per layer");
         }
         assert_eq!(store.series_matching(catalogue::ANOMALY_SCORE.name, &all), 4, "one per value series");
@@ -275,7 +275,7 @@ mod tests {
             store.day_aggregates(catalogue::KVCACHE_USAGE_RATIO.name, end_ms - 2 * DAY_MS, end_ms).unwrap();
         assert!(days.iter().any(|d| d.day_ms == end_ms - 2 * DAY_MS && d.count == 8640), "{days:?}");
         assert_eq!(
-            store.count(catalogue::KVF_RATIO.name).unwrap(),
+            store.count(catalogue::KV_FRAGMENTATION.name).unwrap(),
             2 * 8640 * 2,
             "every sample, in rows or blocks"
         );

@@ -412,7 +412,7 @@ impl Scenario {
                     _ => 0.0,
                 };
                 let kvf = 1.15 + 0.03 * (load - 1.0) + creep + 0.012 * nz * normal(&mut rng).abs();
-                push(&mut out, catalogue::KVF_RATIO.name, &lab, kvf.max(1.0));
+                push(&mut out, catalogue::KV_FRAGMENTATION.name, &lab, kvf.max(1.0));
             }
             let canary = [("canary", "capital".to_owned())];
             // TTFT: queueing grows with load, sharply past the knee (utilisation 1/1.6 of capacity).
@@ -690,7 +690,7 @@ mod tests {
         }
         // The step is there: KVF after the onset is 0.3 higher.
         let s = scenario("noise: 0\nfault: {kind: kvf_step, onset_days: 5, magnitude: 0.3}\n");
-        let kvf = series(&s.generate(), "kvf_ratio");
+        let kvf = series(&s.generate(), "kv_fragmentation");
         let at = |day: i64| kvf.iter().find(|p| p.0 == s.start_ms() + day * DAY_MS).unwrap().1;
         assert!((at(7) - at(0) - 0.3).abs() < 1e-9);
     }

@@ -140,7 +140,9 @@ fn the_predict_linear_baseline_is_scored_from_the_real_prometheus() {
     assert!(lead > 7.0 && lead < 25.0, "lead {lead}: {:?}", baseline.events);
     let first = baseline.events.iter().find(|e| e.alert == "forecast:kvf").unwrap();
     assert!(
-        first.reason.starts_with("predict_linear(slo:omen_kvf_ratio:max_kvf_1d[7d], 14 * 86400) > 1.8"),
+        first
+            .reason
+            .starts_with("predict_linear(slo:omen_kv_fragmentation:max_kvf_1d[7d], 14 * 86400) > 1.8"),
         "{first:?}"
     );
     // The recording rules and the TSDB stay in the run's folder for inspection.

@@ -19,7 +19,7 @@ pub enum Transform {
     RollingStd(usize),
 }
 
-/// One feature: a source column (a CSV column or a series such as `kvf_ratio{layer="0"}`) and a transform.
+/// One feature: a source column (a CSV column or a series such as `kv_fragmentation{layer="0"}`) and a transform.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeatureSpec {
     /// Index of the source column in the raw rows.

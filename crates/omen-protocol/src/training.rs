@@ -24,7 +24,7 @@ pub struct DataArgs {
     /// NAB-style CSV (timestamp,value[,...]), JSONL trace (plain or .gz), or the agent's store (SQLite).
     #[arg(long)]
     pub data: PathBuf,
-    /// Columns to use: CSV column names, or signals / series (e.g. kvf_ratio or kvf_ratio{layer="0"}); default all.
+    /// Columns to use: CSV column names, or signals / series (e.g. kv_fragmentation or kv_fragmentation{layer="0"}); default all.
     #[arg(long, value_delimiter = ',')]
     pub columns: Vec<String>,
     /// Row spacing for traces and stores; use the agent's health.interval.
@@ -160,6 +160,9 @@ pub struct SkabArgs {
     /// Also write the rows, per-file figures and timings as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also write each file's test rows (time, error, threshold, prediction, label) as CSV under this folder.
+    #[arg(long)]
+    pub scores: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,

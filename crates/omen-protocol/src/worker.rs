@@ -46,7 +46,7 @@ pub enum Request {
 pub enum Reply {
     /// The LSTM-AE model is loaded.
     LstmLoaded {
-        /// Source series names in raw-row order, e.g. `kvf_ratio{layer="0"}`.
+        /// Source series names in raw-row order, e.g. `kv_fragmentation{layer="0"}`.
         sources: Vec<String>,
         /// Window length, ticks.
         window: usize,

@@ -99,9 +99,9 @@ signals! {
     /// Tokens of a canary answer.
     CANARY_TOKENS = "canary_tokens", "", "omen.canary_tokens", false, None,
         "Output tokens of a canary answer";
-    /// KV-cache fragmentation (KVF).
-    KVF_RATIO = "kvf_ratio", "1", "omen.kvf_ratio", false, Some("kvf"),
-        "KV-cache fragmentation: total free / largest free extent (>= 1)";
+    /// KV-cache fragmentation (KVF): a factor >= 1, not a ratio, so it has no unit.
+    KV_FRAGMENTATION = "kv_fragmentation", "", "omen.kv_fragmentation", false, Some("kvf"),
+        "KV-cache fragmentation (KVF): total free / largest free extent, >= 1 (1 = all free space contiguous)";
     /// KV-cache usage.
     KVCACHE_USAGE_RATIO = "kvcache_usage_ratio", "1", "omen.kvcache_usage_ratio", false, Some("kv_usage"),
         "KV-cache blocks in use / total, per layer";
@@ -225,6 +225,15 @@ signals! {
         None, "Busy slots per decode step of llama.cpp's server (scraped)";
 }
 
+/// Signals renamed since a release, (old name, current name): pushes, traces, queries and
+/// stores that use an old name are read as the current one (the CHANGELOG lists each).
+pub const RENAMED: &[(&str, &str)] = &[("kvf_ratio", KV_FRAGMENTATION.name)];
+
+/// The current name of a signal: `name` itself unless it is an old name in [`RENAMED`].
+pub fn current_name(name: &str) -> &str {
+    RENAMED.iter().find(|(old, _)| *old == name).map_or(name, |(_, new)| new)
+}
+
 /// The catalogue entry named `name`, if omen defines it.
 pub fn find(name: &str) -> Option<&'static Signal> {
     ALL.iter().find(|s| s.name == name)
@@ -260,6 +269,16 @@ pub fn indicator_signal(indicator: &str) -> Option<&'static Signal> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_old_name_reads_as_the_current_one_and_others_are_kept() {
+        assert_eq!(current_name("kvf_ratio"), "kv_fragmentation");
+        assert_eq!(current_name("kv_fragmentation"), "kv_fragmentation");
+        assert_eq!(current_name("my_own_signal"), "my_own_signal");
+        for (old, new) in RENAMED {
+            assert!(find(old).is_none() && find(new).is_some(), "{old} -> {new}");
+        }
+    }
     use super::*;
 
     #[test]
@@ -282,13 +301,13 @@ mod tests {
         for indicator in ["ttft_p99", "kv_usage", "kvf", "vram_headroom", "rci"] {
             assert_eq!(ALL.iter().filter(|s| s.indicator == Some(indicator)).count(), 1, "{indicator}");
         }
-        assert_eq!(indicator_signal("kvf"), Some(&KVF_RATIO));
+        assert_eq!(indicator_signal("kvf"), Some(&KV_FRAGMENTATION));
     }
 
     #[test]
     fn derived_signals_are_the_scores_and_forecasts() {
         let derived: Vec<&str> = ALL.iter().filter(|s| s.derived).map(|s| s.name).collect();
         assert_eq!(derived, DERIVED);
-        assert!(is_derived("health_score") && !is_derived("kvf_ratio") && !is_derived("queue_depth"));
+        assert!(is_derived("health_score") && !is_derived("kv_fragmentation") && !is_derived("queue_depth"));
     }
 }

@@ -12,7 +12,7 @@ pub const KVF_ALERT_THRESHOLD: f64 = 1.8;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fragmentation {
     /// total free / largest free extent, >= 1.
-    pub kvf_ratio: f64,
+    pub kv_fragmentation: f64,
     /// 1 - 1/KVF = 1 - largest / total, in [0, 1).
     pub external_fragmentation: f64,
     /// Free units (blocks or bytes) in all extents.
@@ -29,7 +29,7 @@ impl Fragmentation {
     fn from_totals(total_free: u64, largest: u64, extents: usize) -> Self {
         if total_free == 0 {
             return Self {
-                kvf_ratio: 1.0,
+                kv_fragmentation: 1.0,
                 external_fragmentation: 0.0,
                 total_free: 0,
                 largest_free_extent: 0,
@@ -37,9 +37,9 @@ impl Fragmentation {
                 full: true,
             };
         }
-        let kvf_ratio = total_free as f64 / largest as f64;
+        let kv_fragmentation = total_free as f64 / largest as f64;
         Self {
-            kvf_ratio,
+            kv_fragmentation,
             external_fragmentation: 1.0 - largest as f64 / total_free as f64,
             total_free,
             largest_free_extent: largest,
@@ -50,7 +50,7 @@ impl Fragmentation {
 
     /// Whether KVF is above the alert threshold.
     pub fn is_alerting(&self) -> bool {
-        self.kvf_ratio > KVF_ALERT_THRESHOLD
+        self.kv_fragmentation > KVF_ALERT_THRESHOLD
     }
 }
 
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn contiguous_free_space_is_one() {
         let f = fragmentation_from_occupancy(&[true, true, false, false, false, true]);
-        assert_eq!(f.kvf_ratio, 1.0);
+        assert_eq!(f.kv_fragmentation, 1.0);
         assert_eq!(f.external_fragmentation, 0.0);
         assert!(!f.full);
     }
@@ -230,7 +230,7 @@ mod tests {
     fn full_pool() {
         let f = fragmentation_from_occupancy(&[true; 8]);
         assert!(f.full);
-        assert_eq!(f.kvf_ratio, 1.0);
+        assert_eq!(f.kv_fragmentation, 1.0);
         assert!(fragmentation_from_extents([]).full);
     }
 
@@ -238,7 +238,7 @@ mod tests {
     fn checkerboard_is_fragmented() {
         let occ: Vec<bool> = (0..100).map(|i| i % 2 == 0).collect();
         let f = fragmentation_from_occupancy(&occ);
-        assert_eq!(f.kvf_ratio, 50.0);
+        assert_eq!(f.kv_fragmentation, 50.0);
         assert!(f.is_alerting());
         assert!((f.external_fragmentation - 0.98).abs() < 1e-12);
     }
@@ -273,9 +273,9 @@ mod tests {
         #[test]
         fn kvf_at_least_one(extents in prop::collection::vec(0u64..10_000, 0..50)) {
             let f = fragmentation_from_extents(extents.iter().copied());
-            prop_assert!(f.kvf_ratio >= 1.0);
+            prop_assert!(f.kv_fragmentation >= 1.0);
             prop_assert!((0.0..1.0).contains(&f.external_fragmentation));
-            prop_assert!((f.external_fragmentation - (1.0 - 1.0 / f.kvf_ratio)).abs() < 1e-12);
+            prop_assert!((f.external_fragmentation - (1.0 - 1.0 / f.kv_fragmentation)).abs() < 1e-12);
         }
 
         #[test]

@@ -138,7 +138,7 @@ pub struct KvGroup {
     pub cached_blocks: Option<u64>,
 }
 
-/// Converts a kvcache payload into samples: `kvcache_usage_ratio` and `kvf_ratio` per layer
+/// Converts a kvcache payload into samples: `kvcache_usage_ratio` and `kv_fragmentation` per layer
 /// or group, block counts per group, and the request counts.
 pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Sample>, IngestError> {
     let ts_ms = resolve_ts(payload.ts_ms, now_ms, "ts_ms")?;
@@ -179,7 +179,7 @@ pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Samp
         labels.insert("layer".to_owned(), layer.layer.to_string());
         push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage());
         if let Some(f) = state.fragmentation {
-            push(catalogue::KVF_RATIO.name, &labels, f.kvf_ratio);
+            push(catalogue::KV_FRAGMENTATION.name, &labels, f.kv_fragmentation);
         }
     }
     let mut seen = std::collections::HashSet::new();
@@ -221,7 +221,7 @@ pub fn kvcache_samples(payload: &KvCachePayload, now_ms: i64) -> Result<Vec<Samp
         }
         push(catalogue::KVCACHE_USAGE_RATIO.name, &labels, state.usage());
         if let Some(f) = state.fragmentation {
-            push(catalogue::KVF_RATIO.name, &labels, f.kvf_ratio);
+            push(catalogue::KV_FRAGMENTATION.name, &labels, f.kv_fragmentation);
         }
         push(catalogue::SERVER_KVCACHE_CAPACITY_BLOCKS.name, &labels, state.total as f64);
         push(catalogue::SERVER_KVCACHE_USED_BLOCKS.name, &labels, state.used as f64);
@@ -476,7 +476,9 @@ pub fn generic_samples(payload: &SamplesPayload, now_ms: i64) -> Result<Vec<Samp
             if !s.value.is_finite() {
                 return Err(reject(format!("samples[{i}].value"), "must be a finite number"));
             }
-            Ok(Sample { ts_ms, signal: s.signal.clone(), labels: s.labels.clone(), value: s.value })
+            // Pushers written before a rename keep working under the current name.
+            let signal = catalogue::current_name(&s.signal).to_owned();
+            Ok(Sample { ts_ms, signal, labels: s.labels.clone(), value: s.value })
         })
         .collect()
 }
@@ -502,7 +504,7 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].signal, "kvcache_usage_ratio");
         assert!((s[0].value - 3.0 / 16.0).abs() < 1e-12);
-        assert_eq!(s[1].signal, "kvf_ratio");
+        assert_eq!(s[1].signal, "kv_fragmentation");
         assert!((s[1].value - 13.0 / 7.0).abs() < 1e-12);
         assert_eq!(s[1].labels["layer"], "3");
         assert_eq!(s[1].labels["gpu"], "0");
@@ -549,7 +551,7 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         assert_eq!(usage.labels, want);
-        assert!(get("kvf_ratio").value >= 1.0);
+        assert!(get("kv_fragmentation").value >= 1.0);
         assert_eq!(get("server_kvcache_capacity_blocks").value, 16.0);
         assert_eq!(get("server_kvcache_used_blocks").value, 3.0);
         assert_eq!(get("server_kvcache_cached_blocks").value, 4.0);
@@ -627,5 +629,9 @@ mod tests {
         assert_eq!(generic_samples(&p, NOW).unwrap_err().field, "samples[0].signal");
         let p: SamplesPayload = serde_json::from_str(r#"{"samples": []}"#).unwrap();
         assert!(generic_samples(&p, NOW).is_err());
+        // A pusher still using a renamed signal's old name.
+        let p: SamplesPayload =
+            serde_json::from_str(r#"{"samples": [{"signal": "kvf_ratio", "value": 1.5}]}"#).unwrap();
+        assert_eq!(generic_samples(&p, NOW).unwrap()[0].signal, "kv_fragmentation");
     }
 }

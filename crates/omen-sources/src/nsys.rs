@@ -42,7 +42,7 @@ pub enum NsysError {
 }
 
 /// Reads the export and returns, per device and per `bucket_ms` of trace time
-/// with any event, `kvf_ratio{gpu, layer="arena"}` and `arena_used_bytes{gpu}`.
+/// with any event, `kv_fragmentation{gpu, layer="arena"}` and `arena_used_bytes{gpu}`.
 pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysError> {
     let p = path.display().to_string();
     let sql_err = |e: rusqlite::Error| NsysError::Sqlite { path: p.clone(), message: e.to_string() };
@@ -108,9 +108,9 @@ pub fn arena_samples(path: &Path, bucket_ms: i64) -> Result<Vec<Sample>, NsysErr
             let gpu = d.to_string();
             out.push(Sample {
                 ts_ms: bucket_ts,
-                signal: catalogue::KVF_RATIO.name.into(),
+                signal: catalogue::KV_FRAGMENTATION.name.into(),
                 labels: [("gpu".to_owned(), gpu.clone()), ("layer".to_owned(), "arena".to_owned())].into(),
-                value: f.kvf_ratio,
+                value: f.kv_fragmentation,
             });
             out.push(Sample {
                 ts_ms: bucket_ts,
@@ -202,7 +202,7 @@ mod tests {
             (4000 * ms, 0, 1500, 50, 0), // a new block past a 100-byte gap at 1400..1500
         ]);
         let s = arena_samples(f.path(), 1000).unwrap();
-        let kvf: Vec<f64> = s.iter().filter(|x| x.signal == "kvf_ratio").map(|x| x.value).collect();
+        let kvf: Vec<f64> = s.iter().filter(|x| x.signal == "kv_fragmentation").map(|x| x.value).collect();
         assert_eq!(kvf, vec![1.0, 1.0, 2.0]);
         let used: Vec<f64> = s.iter().filter(|x| x.signal == "arena_used_bytes").map(|x| x.value).collect();
         assert_eq!(used, vec![400.0, 300.0, 350.0]);

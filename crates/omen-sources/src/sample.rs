@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// One observation: `signal` (an exported name without the `omen_` prefix, e.g.
-/// `kvf_ratio`) with its labels (`layer`, `gpu`, `canary`) at `ts_ms` (Unix ms).
+/// `kv_fragmentation`) with its labels (`layer`, `gpu`, `canary`) at `ts_ms` (Unix ms).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     /// Unix time in milliseconds.

@@ -1,7 +1,7 @@
 //! JSONL sample traces: one JSON object per line, as the agent records them and
 //! as `omen replay` reads them back.
 //!
-//! `{"ts": "2026-11-02T10:00:00Z", "signal": "kvf_ratio", "labels": {"layer": "3"}, "value": 1.42}`
+//! `{"ts": "2026-11-02T10:00:00Z", "signal": "kv_fragmentation", "labels": {"layer": "3"}, "value": 1.42}`
 //! `ts` is an RFC 3339 string or Unix seconds (a number); `ts_ms` (Unix ms) is accepted too.
 
 use std::collections::BTreeMap;
@@ -23,7 +23,7 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// The line is not a valid sample.
-    #[error("trace line {line}: {reason}; expected {{\"ts\": \"2026-11-02T10:00:00Z\", \"signal\": \"kvf_ratio\", \"labels\": {{}}, \"value\": 1.0}}")]
+    #[error("trace line {line}: {reason}; expected {{\"ts\": \"2026-11-02T10:00:00Z\", \"signal\": \"kv_fragmentation\", \"labels\": {{}}, \"value\": 1.0}}")]
     Invalid {
         /// Line number.
         line: usize,
@@ -72,7 +72,12 @@ pub fn parse_trace_line(text: &str, line: usize) -> Result<Sample, TraceError> {
     if !raw.value.is_finite() {
         return Err(invalid(format!("`value` = {} is not finite", raw.value)));
     }
-    Ok(Sample { ts_ms, signal: raw.signal, labels: raw.labels, value: raw.value })
+    // Traces recorded before a rename keep replaying under the current name.
+    let signal = match omen_signals::catalogue::current_name(&raw.signal) {
+        current if current != raw.signal => current.to_owned(),
+        _ => raw.signal,
+    };
+    Ok(Sample { ts_ms, signal, labels: raw.labels, value: raw.value })
 }
 
 /// Reads a JSONL trace; blank lines and lines starting with `#` are skipped.
@@ -100,7 +105,7 @@ mod tests {
     #[test]
     fn reads_all_timestamp_forms() {
         let text = "# comment\n\
-            {\"ts\": \"2026-11-02T10:00:00Z\", \"signal\": \"kvf_ratio\", \"labels\": {\"layer\": \"3\"}, \"value\": 1.5}\n\
+            {\"ts\": \"2026-11-02T10:00:00Z\", \"signal\": \"kv_fragmentation\", \"labels\": {\"layer\": \"3\"}, \"value\": 1.5}\n\
             \n\
             {\"ts\": 1793613600.5, \"signal\": \"tle_bits\", \"value\": 2}\n\
             {\"ts_ms\": 1793613600000, \"signal\": \"rci\", \"value\": 0.1}\n";
@@ -110,6 +115,8 @@ mod tests {
         assert_eq!(samples[0].labels["layer"], "3");
         assert_eq!(samples[1].ts_ms, 1_793_613_600_500);
         assert_eq!(samples[2].signal, "rci");
+        let old = parse_trace_line("{\"ts_ms\": 1, \"signal\": \"kvf_ratio\", \"value\": 1.5}", 1).unwrap();
+        assert_eq!(old.signal, "kv_fragmentation", "an old name replays as the current one");
     }
 
     #[test]

@@ -236,7 +236,7 @@ mod tests {
     use super::*;
 
     fn line(ts_ms: i64, layer: &str, value: f64) -> String {
-        format!("{{\"ts_ms\": {ts_ms}, \"signal\": \"kvf_ratio\", \"labels\": {{\"layer\": \"{layer}\"}}, \"value\": {value}}}\n")
+        format!("{{\"ts_ms\": {ts_ms}, \"signal\": \"kv_fragmentation\", \"labels\": {{\"layer\": \"{layer}\"}}, \"value\": {value}}}\n")
     }
 
     #[test]

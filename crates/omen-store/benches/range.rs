@@ -32,7 +32,7 @@ fn filled(dir: &std::path::Path) -> Store {
             .flat_map(|ts| {
                 (0..SERIES).map(move |layer| Sample {
                     ts_ms: ts,
-                    signal: "kvf_ratio".into(),
+                    signal: "kv_fragmentation".into(),
                     labels: labels(layer),
                     value: 1.0 + ((ts / PERIOD_MS) as f64 * 0.01 + layer as f64).sin().abs(),
                 })
@@ -62,8 +62,9 @@ fn bench(c: &mut Criterion) {
     {
         group.bench_function(name, |b| {
             b.iter(|| {
-                let r =
-                    store.range("kvf_ratio", black_box(&layer), since, until, 3_600_000, resolution).unwrap();
+                let r = store
+                    .range("kv_fragmentation", black_box(&layer), since, until, 3_600_000, resolution)
+                    .unwrap();
                 assert_eq!(r[0].points.len(), 336);
                 r
             })

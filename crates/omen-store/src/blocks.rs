@@ -615,10 +615,10 @@ mod tests {
     /// Both series' views.
     fn views(store: &Store, until: i64) -> Views {
         let all = BTreeMap::new();
-        let raw = store.range("kvf_ratio", &all, T0, until, 600_000, Resolution::Raw).unwrap();
-        let minute = store.range("kvf_ratio", &all, T0, until, 600_000, Resolution::Minute).unwrap();
+        let raw = store.range("kv_fragmentation", &all, T0, until, 600_000, Resolution::Raw).unwrap();
+        let minute = store.range("kv_fragmentation", &all, T0, until, 600_000, Resolution::Minute).unwrap();
         let days = store
-            .day_aggregates("kvf_ratio", T0, T0 + DAY_MS)
+            .day_aggregates("kv_fragmentation", T0, T0 + DAY_MS)
             .unwrap()
             .iter()
             .map(|d| (d.count, d.mean, d.p50, d.p99))
@@ -645,8 +645,8 @@ mod tests {
                 .flat_map(|i| {
                     let ts = T0 + hour * 3_600_000 + i * 10_000;
                     [
-                        sample(ts, "kvf_ratio", "0", 1.0 + (i % 7) as f64),
-                        sample(ts, "kvf_ratio", "1", (i as f64).sqrt()),
+                        sample(ts, "kv_fragmentation", "0", 1.0 + (i % 7) as f64),
+                        sample(ts, "kv_fragmentation", "1", (i as f64).sqrt()),
                     ]
                 })
                 .collect();
@@ -714,8 +714,8 @@ mod tests {
     fn hour_and_minute(store: &Store, until: i64, step: i64) -> (Vec<RangeSeries>, Vec<RangeSeries>) {
         let all = BTreeMap::new();
         (
-            store.range("kvf_ratio", &all, T0, until, step, Resolution::Hour).unwrap(),
-            store.range("kvf_ratio", &all, T0, until, step, Resolution::Minute).unwrap(),
+            store.range("kv_fragmentation", &all, T0, until, step, Resolution::Hour).unwrap(),
+            store.range("kv_fragmentation", &all, T0, until, step, Resolution::Minute).unwrap(),
         )
     }
 
@@ -731,7 +731,7 @@ mod tests {
         store
             .insert(
                 &(0..720)
-                    .map(|i| sample(t + i * 10_000, "kvf_ratio", "0", (i % 13) as f64))
+                    .map(|i| sample(t + i * 10_000, "kv_fragmentation", "0", (i % 13) as f64))
                     .collect::<Vec<_>>(),
             )
             .unwrap();
@@ -753,7 +753,7 @@ mod tests {
         assert_eq!(blocks, 2);
         check("blocks, rows and the open minute");
         // Late samples of a sealed hour land in rows beside its block.
-        store.insert(&[sample(T0 + 5, "kvf_ratio", "1", 100.0)]).unwrap();
+        store.insert(&[sample(T0 + 5, "kv_fragmentation", "1", 100.0)]).unwrap();
         check("late rows beside a block");
         store.flush().unwrap();
         store.compact_all(until + DAY_MS).unwrap();
@@ -765,8 +765,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("omen.db")).unwrap();
         // Hour h holds the value h.
-        let batch: Vec<_> =
-            (0..6 * 60).map(|m| sample(T0 + m * MINUTE_MS, "kvf_ratio", "0", (m / 60) as f64)).collect();
+        let batch: Vec<_> = (0..6 * 60)
+            .map(|m| sample(T0 + m * MINUTE_MS, "kv_fragmentation", "0", (m / 60) as f64))
+            .collect();
         store.insert(&batch).unwrap();
         store.flush().unwrap();
         store.compact_all(T0 + DAY_MS).unwrap();
@@ -774,8 +775,9 @@ mod tests {
         // Half past: the hour that starts before `since` is left out, and so is the one
         // that starts at `until`; hours that straddle a bucket's end count where they start.
         let since = T0 + 1_800_000;
-        let r =
-            store.range("kvf_ratio", &all, since, T0 + 5 * 3_600_000, 7_200_000, Resolution::Hour).unwrap();
+        let r = store
+            .range("kv_fragmentation", &all, since, T0 + 5 * 3_600_000, 7_200_000, Resolution::Hour)
+            .unwrap();
         assert_eq!(r[0].points, vec![(since, 1.5), (since + 7_200_000, 3.5)]);
     }
 
@@ -830,7 +832,7 @@ mod tests {
         let first_minute = |store: &Store| {
             store
                 .range(
-                    "kvf_ratio",
+                    "kv_fragmentation",
                     &[("layer".to_owned(), "0".to_owned())].into(),
                     T0,
                     T0 + 60_000,
@@ -842,15 +844,15 @@ mod tests {
         };
         // Minute 0 of layer 0: six samples 1..=6, mean 3.5. A late 10.5 makes it 4.5.
         assert_eq!(first_minute(&store), (T0, 3.5));
-        store.insert(&[sample(T0 + 5_000, "kvf_ratio", "0", 10.5)]).unwrap();
+        store.insert(&[sample(T0 + 5_000, "kv_fragmentation", "0", 10.5)]).unwrap();
         store.flush().unwrap();
         assert_eq!(first_minute(&store), (T0, 4.5));
-        let raw = store.range("kvf_ratio", &all, T0, T0 + 10_000, 10_000, Resolution::Raw).unwrap();
+        let raw = store.range("kv_fragmentation", &all, T0, T0 + 10_000, 10_000, Resolution::Raw).unwrap();
         assert_eq!(raw[0].points, vec![(T0, (1.0 + 10.5) / 2.0)], "the sealed sample at T0 and the late one");
         let c = store.compact_all(T0 + DAY_MS).unwrap();
         assert_eq!((c.blocks, c.rows), (2, 2), "one raw row and one minute row folded into their blocks");
         assert_eq!(first_minute(&store), (T0, 4.5));
-        let raw = store.range("kvf_ratio", &all, T0, T0 + 10_000, 10_000, Resolution::Raw).unwrap();
+        let raw = store.range("kv_fragmentation", &all, T0, T0 + 10_000, 10_000, Resolution::Raw).unwrap();
         assert_eq!(raw[0].points, vec![(T0, (1.0 + 10.5) / 2.0)]);
     }
 
@@ -899,7 +901,7 @@ mod tests {
         let store = Store::open(&dir.path().join("omen.db")).unwrap();
         // One more raw block than a call deletes: 2561 series with an hour each.
         let n = crate::RETENTION_BLOCKS_PER_CALL + 1;
-        let batch: Vec<_> = (0..n).map(|i| sample(T0, "kvf_ratio", &i.to_string(), 1.0)).collect();
+        let batch: Vec<_> = (0..n).map(|i| sample(T0, "kv_fragmentation", &i.to_string(), 1.0)).collect();
         store.insert(&batch).unwrap();
         store.flush().unwrap();
         store.compact_all(T0 + DAY_MS).unwrap();

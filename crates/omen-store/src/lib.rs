@@ -272,7 +272,7 @@ mod tests {
         let store = Store::open(&dir.path().join("omen.db")).unwrap();
         let t0 = 1_793_577_600_000;
         let mut seen = vec![store.generation()];
-        store.insert(&[sample(t0, "kvf_ratio", "0", 1.0)]).unwrap();
+        store.insert(&[sample(t0, "kv_fragmentation", "0", 1.0)]).unwrap();
         seen.push(store.generation());
         store.insert(&[]).unwrap(); // nothing written: the same generation
         assert_eq!(store.generation(), seen[1]);

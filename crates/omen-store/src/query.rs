@@ -399,7 +399,7 @@ mod tests {
         let t0 = 1_793_577_600_000;
         let two = |gpu: &str, layer: &str, v: f64| Sample {
             ts_ms: t0,
-            signal: "kvf_ratio".into(),
+            signal: "kv_fragmentation".into(),
             labels: [("gpu".to_owned(), gpu.to_owned()), ("layer".to_owned(), layer.to_owned())].into(),
             value: v,
         };
@@ -413,7 +413,7 @@ mod tests {
             .unwrap();
         let q = |m: &[(&str, &str)]| {
             let m: BTreeMap<String, String> = m.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            store.range("kvf_ratio", &m, t0, t0 + 1000, 1000, Resolution::Raw).unwrap()
+            store.range("kv_fragmentation", &m, t0, t0 + 1000, 1000, Resolution::Raw).unwrap()
         };
         assert_eq!(q(&[]).len(), 3);
         let l3: Vec<f64> = q(&[("layer", "3")]).iter().map(|s| s.points[0].1).collect();

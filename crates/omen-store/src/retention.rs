@@ -234,7 +234,7 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert!(!store.has_day_aggregates().unwrap());
         let t0 = 1_793_577_600_000;
-        let key = sample(t0, "kvf_ratio", "0", 0.0).series_key();
+        let key = sample(t0, "kv_fragmentation", "0", 0.0).series_key();
         let day = |i: i64, v: f64| DayAggregate {
             key: key.clone(),
             day_ms: t0 + i * DAY_MS,
@@ -249,27 +249,27 @@ mod tests {
         let rows: Vec<DayAggregate> = (0..3).map(|i| day(i, 1.2 + 0.1 * i as f64)).collect();
         assert_eq!(store.insert_day_aggregates(&rows).unwrap(), 3);
         assert!(store.has_day_aggregates().unwrap());
-        let back = store.day_aggregates("kvf_ratio", t0, t0 + 3 * DAY_MS).unwrap();
+        let back = store.day_aggregates("kv_fragmentation", t0, t0 + 3 * DAY_MS).unwrap();
         assert_eq!(back.len(), 3);
         for (b, r) in back.iter().zip(&rows) {
             assert_eq!((b.day_ms, b.count, b.min, b.max, b.p95), (r.day_ms, r.count, r.min, r.max, r.p95));
             assert!((b.mean - r.mean).abs() < 1e-12);
         }
         // Samples of the same series land in it, and their roll-up replaces nothing earlier.
-        store.insert(&[sample(t0 + 3 * DAY_MS, "kvf_ratio", "0", 2.0)]).unwrap();
+        store.insert(&[sample(t0 + 3 * DAY_MS, "kv_fragmentation", "0", 2.0)]).unwrap();
         store.roll_up_days(t0 + 3 * DAY_MS, t0 + 4 * DAY_MS).unwrap();
-        let all = store.day_aggregates("kvf_ratio", t0, t0 + 4 * DAY_MS).unwrap();
+        let all = store.day_aggregates("kv_fragmentation", t0, t0 + 4 * DAY_MS).unwrap();
         assert_eq!(all.len(), 4);
         assert!(all.iter().all(|d| d.key == key));
         drop(store);
         let store = Store::open(&path).unwrap();
-        assert_eq!(store.series_matching("kvf_ratio", &BTreeMap::new()), 1);
+        assert_eq!(store.series_matching("kv_fragmentation", &BTreeMap::new()), 1);
         // A row that is not an aggregate is refused, naming the series, and nothing is written.
         let mut bad = day(9, 1.0);
         bad.p99 = f64::NAN;
         let e = store.insert_day_aggregates(&[day(8, 1.0), bad]).unwrap_err();
-        assert!(format!("{e}").contains("kvf_ratio"), "{e}");
-        assert_eq!(store.day_aggregates("kvf_ratio", t0, t0 + 10 * DAY_MS).unwrap().len(), 4);
+        assert!(format!("{e}").contains("kv_fragmentation"), "{e}");
+        assert_eq!(store.day_aggregates("kv_fragmentation", t0, t0 + 10 * DAY_MS).unwrap().len(), 4);
     }
 
     #[test]
@@ -282,15 +282,15 @@ mod tests {
             let batch: Vec<Sample> = (0..120)
                 .flat_map(|i| {
                     [
-                        sample(t0 + i * 30_000, "kvf_ratio", "0", 1.0 + i as f64),
-                        sample(t0 + i * 30_000, "kvf_ratio", "1", 2.0),
+                        sample(t0 + i * 30_000, "kv_fragmentation", "0", 1.0 + i as f64),
+                        sample(t0 + i * 30_000, "kv_fragmentation", "1", 2.0),
                     ]
                 })
                 .collect();
             store.insert(&batch).unwrap();
             assert_eq!(store.raw_sample_count().unwrap(), 240);
             let r = store
-                .range("kvf_ratio", &BTreeMap::new(), t0, t0 + 3_600_000, 600_000, Resolution::Raw)
+                .range("kv_fragmentation", &BTreeMap::new(), t0, t0 + 3_600_000, 600_000, Resolution::Raw)
                 .unwrap();
             assert_eq!(r.len(), 2);
             assert_eq!(r[0].points.len(), 6);
@@ -298,7 +298,7 @@ mod tests {
             assert_eq!(r[0].points[0], (t0, 10.5));
             let m = store
                 .range(
-                    "kvf_ratio",
+                    "kv_fragmentation",
                     &[("layer".to_owned(), "0".to_owned())].into(),
                     t0,
                     t0 + 3_600_000,
@@ -311,16 +311,16 @@ mod tests {
             assert_eq!(store.roll_up_days(t0, t0 + DAY_MS).unwrap(), 2);
         }
         let store = Store::open(&path).unwrap();
-        let days = store.day_aggregates("kvf_ratio", t0, t0 + DAY_MS).unwrap();
+        let days = store.day_aggregates("kv_fragmentation", t0, t0 + DAY_MS).unwrap();
         assert_eq!(days.len(), 2);
         let layer0 = days.iter().find(|d| d.key.labels["layer"] == "0").unwrap();
         assert_eq!((layer0.count, layer0.min, layer0.max), (120, 1.0, 120.0));
         assert_eq!(layer0.p50, 60.5);
         // new samples of a known series reuse its id after reopen
-        store.insert(&[sample(t0 + DAY_MS, "kvf_ratio", "0", 5.0)]).unwrap();
+        store.insert(&[sample(t0 + DAY_MS, "kv_fragmentation", "0", 5.0)]).unwrap();
         assert_eq!(
             store
-                .range("kvf_ratio", &BTreeMap::new(), t0, t0 + 2 * DAY_MS, DAY_MS, Resolution::Raw)
+                .range("kv_fragmentation", &BTreeMap::new(), t0, t0 + 2 * DAY_MS, DAY_MS, Resolution::Raw)
                 .unwrap()
                 .len(),
             2

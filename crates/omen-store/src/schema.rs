@@ -10,8 +10,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::Store;
 
 /// Version of [`SCHEMA`], kept in `meta`: a file of a newer version is refused rather than
-/// misread; an older one is migrated ([`create_or_check`]). 2 added the block tables.
-const SCHEMA_VERSION: i64 = 2;
+/// misread; an older one is migrated ([`create_or_check`]). 2 added the block tables; 3
+/// renamed signals (omen_signals::catalogue::RENAMED), also where a derived series names
+/// them in its `signal` label.
+const SCHEMA_VERSION: i64 = 3;
 
 /// Every table, created if missing; `IF NOT EXISTS` makes opening an existing store a no-op.
 const SCHEMA: &str = "
@@ -71,9 +73,13 @@ pub(crate) fn create_or_check(conn: &Connection, path: &Path) -> Result<()> {
         }
         Some(v) if v == SCHEMA_VERSION.to_string() => {}
         // Version 1 lacked only the block tables, which SCHEMA has just created: its rows
-        // are read as they are and compacted into blocks as the agent runs.
-        Some(v) if v == "1" => {
-            conn.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", [SCHEMA_VERSION.to_string()])?;
+        // are read as they are and compacted into blocks as the agent runs. Versions 1 and
+        // 2 name signals that have been renamed since.
+        Some(v) if v == "1" || v == "2" => {
+            let tx = conn.unchecked_transaction()?;
+            rename_signals(&tx).with_context(|| format!("cannot migrate the store {}", path.display()))?;
+            tx.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", [SCHEMA_VERSION.to_string()])?;
+            tx.commit()?;
         }
         Some(v) => anyhow::bail!(
             "store {} has schema version {v}; this omen uses {SCHEMA_VERSION}; point store.path at a new file or upgrade omen",
@@ -81,6 +87,26 @@ pub(crate) fn create_or_check(conn: &Connection, path: &Path) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Renames the series of every renamed signal, and the `signal` label of the series derived
+/// from them (anomaly scores, level shifts); label JSON keeps its key order.
+fn rename_signals(conn: &Connection) -> rusqlite::Result<()> {
+    for (old, new) in omen_signals::catalogue::RENAMED {
+        conn.execute("UPDATE series SET signal = ?2 WHERE signal = ?1", params![old, new])?;
+        let (from, to) =
+            (format!("\"signal\":{}", labels_value(old)), format!("\"signal\":{}", labels_value(new)));
+        conn.execute(
+            "UPDATE series SET labels = replace(labels, ?1, ?2) WHERE instr(labels, ?1) > 0",
+            params![from, to],
+        )?;
+    }
+    Ok(())
+}
+
+/// A label value as it appears in [`labels_json`].
+fn labels_value(v: &str) -> String {
+    serde_json::to_string(v).expect("a string serialises")
 }
 
 /// The `series.labels` column: JSON of the sorted label map, so equal label sets give equal text.

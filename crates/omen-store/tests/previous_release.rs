@@ -1,7 +1,8 @@
-//! A store written by a released omen (schema version 1, made by scripts/make-store-fixture.sh
-//! with that release's binary: two days of one KV layer every 5 minutes) opens in this omen
-//! with its history intact and takes new samples. A change of the schema must come with a
-//! migration that keeps this test passing.
+//! Stores written by released omens (schema versions 1 and 2, made by
+//! scripts/make-store-fixture.sh with each release's binary: two days of one KV layer every
+//! 5 minutes, and from schema 2 a day of KV fragmentation) open in this omen with their
+//! history intact and take new samples. A change of the schema must come with a migration
+//! that keeps these tests passing.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -11,18 +12,57 @@ use omen_store::{RangeSeries, Resolution, Store};
 
 const DAY1: i64 = 1_793_491_200_000; // 2026-11-01T00:00:00Z
 
-#[test]
-fn a_store_of_the_previous_release_opens_with_its_history() {
-    let gz = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/store-schema1.db.gz")).unwrap();
+/// Unpacks a fixture into `dir`; returns the store's path.
+fn fixture(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let gz = std::fs::read(format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let mut bytes = Vec::new();
     flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut bytes).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("omen.db");
+    let path = dir.join("omen.db");
     std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_store_of_schema_2_reads_kvf_ratio_as_kv_fragmentation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture("store-schema2.db.gz", dir.path());
+    let store = Store::open(&path).expect("the schema 2 store opens");
+    assert_eq!(store.meta("schema_version").unwrap().as_deref(), Some("3"));
+    let layer: BTreeMap<String, String> = [("layer".to_owned(), "3".to_owned())].into();
+    let kvf =
+        store.range("kv_fragmentation", &layer, DAY1, DAY1 + 86_400_000, 300_000, Resolution::Raw).unwrap();
+    assert_eq!(kvf.len(), 1);
+    assert_eq!(kvf[0].points.len(), 288, "a day of 5-minute samples under the new name");
+    // Sealed into blocks by that release: values keep 24 significant bits.
+    let (t, v) = kvf[0].points[1];
+    assert!(t == DAY1 + 300_000 && (v - (1.0 + 5.0 / 1440.0)).abs() < 2e-7, "{t} {v}");
+    assert_eq!(store.series_matching("kvf_ratio", &BTreeMap::new()), 0);
+    // The series derived from it name it in their `signal` label.
+    let by_signal: BTreeMap<String, String> = [("signal".to_owned(), "kv_fragmentation".to_owned())].into();
+    assert_eq!(store.series_matching("anomaly_score", &by_signal), 1);
+    let old: BTreeMap<String, String> = [("signal".to_owned(), "kvf_ratio".to_owned())].into();
+    assert_eq!(store.series_matching("anomaly_score", &old), 0);
+    // New samples join the renamed series.
+    let labels: BTreeMap<String, String> =
+        [("gpu".to_owned(), "0".to_owned()), ("layer".to_owned(), "3".to_owned())].into();
+    let sample = Sample { ts_ms: DAY1 + 86_400_000, signal: "kv_fragmentation".into(), labels, value: 2.0 };
+    store.insert(&[sample]).unwrap();
+    assert_eq!(store.series_matching("kv_fragmentation", &BTreeMap::new()), 1);
+    drop(store);
+    // Opening it again migrates nothing more.
+    let reopened = Store::open(&path).unwrap();
+    assert_eq!(reopened.meta("schema_version").unwrap().as_deref(), Some("3"));
+    assert_eq!(reopened.series_matching("kv_fragmentation", &BTreeMap::new()), 1);
+}
+
+#[test]
+fn a_store_of_the_previous_release_opens_with_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture("store-schema1.db.gz", dir.path());
 
     let store = Store::open(&path).expect("the previous release's store opens");
-    // Migrated to schema 2 (the block tables) on open; its rows are read as they are.
-    assert_eq!(store.meta("schema_version").unwrap().as_deref(), Some("2"));
+    // Migrated on open (the block tables of schema 2, the renames of 3); its rows are read as they are.
+    assert_eq!(store.meta("schema_version").unwrap().as_deref(), Some("3"));
     let days = store.day_aggregates("kvcache_usage_ratio", DAY1, DAY1 + 2 * 86_400_000).unwrap();
     let first = days.iter().find(|d| d.day_ms == DAY1).expect("day 1 rolled up");
     assert_eq!(first.count, 288);

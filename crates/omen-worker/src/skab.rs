@@ -57,10 +57,39 @@ struct Report<'a> {
 /// The test rows' predictions: error of the window ending at the row above the POT threshold.
 /// A row whose window is not yet full (only when the window exceeds the training rows) is not
 /// predicted, and SKAB's scorer counts it nowhere.
-fn predict(model: &LstmAutoencoder, file: &SkabFile) -> Result<Vec<Option<bool>>> {
-    let errors = model.score_series(&file.rows)?;
+fn predict(model: &LstmAutoencoder, file: &SkabFile) -> Result<(Vec<Option<f64>>, Vec<Option<bool>>)> {
+    let errors = model.score_series(&file.rows)?.split_off(TRAINING_ROWS);
     let threshold = model.meta.pot.threshold;
-    Ok(errors[TRAINING_ROWS..].iter().map(|e| e.map(|e| e > threshold)).collect())
+    let predictions = errors.iter().map(|e| e.map(|e| e > threshold)).collect();
+    Ok((errors, predictions))
+}
+
+/// One file's test rows as CSV: time, error and prediction of both models, and the labels.
+fn scores_csv(
+    file: &SkabFile,
+    full: (&LstmAutoencoder, &[Option<f64>]),
+    pruned: (&LstmAutoencoder, &[Option<f64>]),
+) -> String {
+    let cell = |e: Option<f64>| e.map_or(String::new(), |e| e.to_string());
+    let mut out = format!(
+        "time,error,threshold,anomalous,pruned_error,pruned_threshold,pruned_anomalous,anomaly,changepoint\n"
+    );
+    for i in 0..file.times.len() {
+        let (e, p) = (full.1[i], pruned.1[i]);
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            file.times[i],
+            cell(e),
+            full.0.meta.pot.threshold,
+            e.is_some_and(|e| e > full.0.meta.pot.threshold) as u8,
+            cell(p),
+            pruned.0.meta.pot.threshold,
+            p.is_some_and(|p| p > pruned.0.meta.pot.threshold) as u8,
+            file.anomaly[i] as u8,
+            file.changepoint[i] as u8,
+        ));
+    }
+    out
 }
 
 fn folder(rel: &str) -> &str {
@@ -137,7 +166,13 @@ pub fn evaluate_skab(a: &SkabArgs) -> Result<()> {
             .prune(a.prune, Some(train), a.fine_tune)
             .with_context(|| format!("pruning the model of {} to {}", f.rel, a.prune))?;
         let prune_seconds = started.elapsed().as_secs_f64();
-        let (p_full, p_small) = (predict(&model, f)?, predict(&small, f)?);
+        let ((e_full, p_full), (e_small, p_small)) = (predict(&model, f)?, predict(&small, f)?);
+        if let Some(dir) = &a.scores {
+            let path = dir.join(f.rel.replace('/', "_"));
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::write(&path, scores_csv(f, (&model, &e_full), (&small, &e_small)))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
         let count = |p: &[Option<bool>]| p.iter().filter(|x| **x == Some(true)).count();
         reports.push(FileReport {
             file: f.rel.clone(),

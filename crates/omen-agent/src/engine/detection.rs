@@ -283,7 +283,7 @@ mod tests {
     fn kvf(ts_ms: i64, value: f64) -> Sample {
         Sample {
             ts_ms,
-            signal: "kvf_ratio".into(),
+            signal: "kv_fragmentation".into(),
             labels: [("layer".to_owned(), "0".to_owned())].into(),
             value,
         }
@@ -305,15 +305,15 @@ mod tests {
         let s = e.tick(t0 + 640_000).unwrap();
         assert!(s.health_score >= 0.8, "{s:?}");
         assert_eq!(s.level, Level::Critical);
-        assert_eq!(s.contributors[0].signal, "kvf_ratio");
+        assert_eq!(s.contributors[0].signal, "kv_fragmentation");
         match &s.reasons[..] {
             [super::super::Reason::Anomaly { signal, risk, .. }] => {
-                assert_eq!((signal.as_str(), *risk), ("kvf_ratio", s.health_score))
+                assert_eq!((signal.as_str(), *risk), ("kv_fragmentation", s.health_score))
             }
             other => panic!("one anomaly reason expected: {other:?}"),
         }
         let event = e.events().iter().find(|ev| ev.alert == "health" && ev.level == Level::Critical).unwrap();
-        assert!(event.reason.starts_with("kvf_ratio{layer=0} changed: risk"), "{event:?}");
+        assert!(event.reason.starts_with("kv_fragmentation{layer=0} changed: risk"), "{event:?}");
         assert!(calm.reasons.is_empty());
     }
 
@@ -332,12 +332,12 @@ mod tests {
         }
         let s = e.tick(t0 + 640_000).unwrap();
         assert_eq!(s.level, Level::Critical, "{s:?}");
-        assert_eq!(s.contributors[0].signal, "kvf_ratio");
+        assert_eq!(s.contributors[0].signal, "kv_fragmentation");
         // The first value beyond the learned range was novel (score 1, risk 1); the change
         // keeps that risk while it holds, although later values surprise less.
         assert_eq!(s.contributors[0].risk, 1.0, "{s:?}");
         let labels =
-            vec![("layer".to_owned(), "0".to_owned()), ("signal".to_owned(), "kvf_ratio".to_owned())];
+            vec![("layer".to_owned(), "0".to_owned()), ("signal".to_owned(), "kv_fragmentation".to_owned())];
         assert_eq!(e.live.gauge("anomaly_risk", &labels), Some(1.0));
         // Back to the old level: the change is released and the risk withdrawn.
         for i in 64..70 {
@@ -363,12 +363,15 @@ mod tests {
         let s = e.tick(t0 + 140 * 10_000).unwrap();
         assert_eq!(s.level, Level::Ok, "the new level is normal: {s:?}");
         let [shift] = &s.changes[..] else { panic!("one shift expected: {:?}", s.changes) };
-        assert_eq!((shift.signal.as_str(), shift.since_ms), ("kvf_ratio", t0 + 60 * 10_000));
+        assert_eq!((shift.signal.as_str(), shift.since_ms), ("kv_fragmentation", t0 + 60 * 10_000));
         assert!(shift.confirmed_ms > shift.since_ms + 600_000, "{shift:?}");
         assert!((1.2..1.25).contains(&shift.before) && shift.after == 3.5, "{shift:?}");
         assert!(shift.shift_sigmas > 50.0, "{shift:?}");
-        let counter =
-            e.live.level_shifts.get_or_create(&vec![("signal".to_owned(), "kvf_ratio".to_owned())]).get();
+        let counter = e
+            .live
+            .level_shifts
+            .get_or_create(&vec![("signal".to_owned(), "kv_fragmentation".to_owned())])
+            .get();
         assert_eq!(counter, 1);
         let all = Default::default();
         let stored =
@@ -376,7 +379,7 @@ mod tests {
         let stored = stored.unwrap();
         assert_eq!(stored.len(), 1);
         assert_eq!(stored[0].points, [(shift.since_ms, shift.shift_sigmas)]);
-        assert_eq!(stored[0].labels.get("signal").map(String::as_str), Some("kvf_ratio"));
+        assert_eq!(stored[0].labels.get("signal").map(String::as_str), Some("kv_fragmentation"));
         // It stays in the summary on later ticks.
         assert_eq!(e.tick(t0 + 150 * 10_000).unwrap().changes.len(), 1);
     }

@@ -406,7 +406,7 @@ impl IndicatorDefinition {
         let (signal, statistic, combine) = match indicator {
             SloIndicator::TtftP99 => (catalogue::CANARY_TTFT_SECONDS, DailyStatistic::P99, Max),
             SloIndicator::KvUsage => (catalogue::KVCACHE_USAGE_RATIO, DailyStatistic::P95, Max),
-            SloIndicator::Kvf => (catalogue::KVF_RATIO, DailyStatistic::P95, Max),
+            SloIndicator::Kvf => (catalogue::KV_FRAGMENTATION, DailyStatistic::P95, Max),
             SloIndicator::VramHeadroom => (catalogue::GPU_MEMORY_HEADROOM_RATIO, DailyStatistic::Min, Min),
             SloIndicator::Rci => (catalogue::RCI, DailyStatistic::Mean, Mean),
         };
@@ -700,7 +700,7 @@ mod tests {
             let labels = [("layer".to_owned(), "0".to_owned())].into();
             e.process(vec![Sample {
                 ts_ms: t0 + h * 3_600_000,
-                signal: "kvf_ratio".into(),
+                signal: "kv_fragmentation".into(),
                 labels,
                 value: v,
             }])
