@@ -365,6 +365,12 @@ enum Command {
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Also fit omen's LSTM autoencoder per SKAB file (the model worker, about a minute) and rank it in the SKAB table.
+        #[arg(long)]
+        lstm_ae: bool,
+        /// The SKAB table only (skips NAB's minutes).
+        #[arg(long)]
+        skab_only: bool,
         /// No progress bar (it is only drawn when stderr is a terminal anyway).
         #[arg(long)]
         no_progress: bool,
@@ -708,24 +714,51 @@ fn evaluate_detectors(
     skab_dir: &std::path::Path,
     published: &[String],
     json: Option<&std::path::Path>,
+    tables: omen_lab::detectors::Tables,
     no_progress: bool,
 ) -> Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     use omen_lab::detectors::{self, Detector, NabData};
     use std::io::IsTerminal;
-    let data = NabData::load(dir).with_context(|| {
-        format!(
-            "cannot read NAB from {}; pass --nab with a NAB checkout (the repository has data/nab)",
-            dir.display()
-        )
-    })?;
+    // Both corpora are read before any scoring: a wrong path fails at once.
+    let data = (!tables.skab_only)
+        .then(|| {
+            NabData::load(dir).with_context(|| {
+                format!(
+                    "cannot read NAB from {}; pass --nab with a NAB checkout (the repository has data/nab)",
+                    dir.display()
+                )
+            })
+        })
+        .transpose()?;
     // SKAB first (a second): a wrong --skab fails before the NAB minute.
-    let (skab, skab_files) = detectors::skab_published(skab_dir).with_context(|| {
+    let (mut skab, skab_files) = detectors::skab_published(skab_dir).with_context(|| {
         format!(
             "cannot score SKAB from {}; pass --skab with a SKAB copy (the repository has data/skab)",
             skab_dir.display()
         )
     })?;
+    if tables.lstm_ae {
+        // The model worker fits and scores the files (about a minute).
+        if !no_progress && std::io::stderr().is_terminal() {
+            eprintln!("SKAB: fitting omen's LSTM autoencoder per file in the model worker ...");
+        }
+        skab.extend(lstm_ae_skab_rows(skab_dir)?);
+        skab.sort_by(|a, b| b.scores.f1.total_cmp(&a.scores.f1));
+    }
+    let write = |body: serde_json::Value| -> Result<()> {
+        if let Some(path) = json {
+            let text = serde_json::to_string_pretty(&body).context("cannot serialise the results")?;
+            std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(())
+    };
+    let skab_json = serde_json::json!({ "dir": skab_dir, "files": skab_files, "detectors": skab });
+    // --skab-only: no NAB was read.
+    let Some(data) = data else {
+        print!("{}", detectors::skab_table(&skab, skab_files));
+        return write(serde_json::json!({ "skab": skab_json }));
+    };
     let mut dets: Vec<Detector> = published.iter().map(|p| Detector::Published(p.clone())).collect();
     dets.extend(detectors::omen_detectors());
     let grid = detectors::novelty_surprise_grid();
@@ -746,15 +779,45 @@ fn evaluate_detectors(
     bar.finish_and_clear();
     print!("{}", detectors::table(&scores, Some(&loco), data.files.len()));
     print!("{}", detectors::skab_table(&skab, skab_files));
-    if let Some(path) = json {
-        let body = serde_json::json!({
-            "nab": dir, "files": data.files.len(), "detectors": scores, "leave_one_category_out": loco,
-            "skab": { "dir": skab_dir, "files": skab_files, "detectors": skab },
-        });
-        let text = serde_json::to_string_pretty(&body).context("cannot serialise the results")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    write(serde_json::json!({
+        "nab": dir, "files": data.files.len(), "detectors": scores, "leave_one_category_out": loco,
+        "skab": skab_json,
+    }))
+}
+
+/// omen's LSTM-AE rows (full and pruned) of the SKAB table, from `omen-worker evaluate-skab`.
+#[cfg(feature = "lab")]
+fn lstm_ae_skab_rows(skab_dir: &std::path::Path) -> Result<Vec<omen_lab::detectors::SkabRow>> {
+    let program = omen_agent::worker::find_program(None).context("--lstm-ae runs the model worker")?;
+    let json = std::env::temp_dir().join(format!("omen-skab-lstm-ae-{}.json", std::process::id()));
+    let out = std::process::Command::new(&program)
+        .args(["evaluate-skab", "--no-progress", "--skab"])
+        .arg(skab_dir)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{} evaluate-skab failed ({}): {}",
+            program.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
-    Ok(())
+    let text = std::fs::read(&json).context("cannot read the worker's SKAB report");
+    let _ = std::fs::remove_file(&json);
+    let report: serde_json::Value =
+        serde_json::from_slice(&text?).context("the worker's SKAB report is not JSON")?;
+    let rows = report["rows"].as_array().context("the worker's SKAB report has no rows")?;
+    rows.iter()
+        .map(|r| {
+            Ok(omen_lab::detectors::SkabRow {
+                algorithm: r["model"].as_str().context("a SKAB row without its model")?.to_owned(),
+                scores: serde_json::from_value(r["scores"].clone()).context("a SKAB row's scores")?,
+            })
+        })
+        .collect()
 }
 
 #[cfg(feature = "lab")]
@@ -955,8 +1018,9 @@ fn main() -> ExitCode {
             explain(&options, json.as_deref(), svg.as_deref())
         }
         #[cfg(feature = "lab")]
-        Command::EvaluateDetectors { nab, skab, published, json, no_progress } => {
-            evaluate_detectors(&nab, &skab, &published, json.as_deref(), no_progress)
+        Command::EvaluateDetectors { nab, skab, published, json, lstm_ae, skab_only, no_progress } => {
+            let tables = omen_lab::detectors::Tables { lstm_ae, skab_only };
+            evaluate_detectors(&nab, &skab, &published, json.as_deref(), tables, no_progress)
         }
         #[cfg(feature = "lab")]
         Command::EvaluateWarnings { scenarios, out, work, config, seeds, jobs, baseline } => {

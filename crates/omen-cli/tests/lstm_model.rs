@@ -160,3 +160,54 @@ fn omen_train_passes_the_worker_error_and_exit_code_on() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("omen: ") && stderr.contains("/nonexistent/normal.csv"), "{stderr}");
 }
+
+/// `omen evaluate-detectors --lstm-ae` ranks omen's LSTM autoencoder (fitted per file by the
+/// model worker) among the published SKAB rows; a copy of two SKAB files keeps it short.
+#[cfg(feature = "lab")]
+#[test]
+fn evaluate_detectors_ranks_the_lstm_ae_in_the_skab_table() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let skab = dir.path().join("skab");
+    for (folder, file) in [("other", "13.csv.gz"), ("valve1", "0.csv.gz")] {
+        std::fs::create_dir_all(skab.join("data").join(folder)).unwrap();
+        std::fs::copy(
+            root.join("data/skab/data").join(folder).join(file),
+            skab.join("data").join(folder).join(file),
+        )
+        .unwrap();
+        for algorithm in std::fs::read_dir(root.join("data/skab/published")).unwrap() {
+            let algorithm = algorithm.unwrap().file_name();
+            let to = skab.join("published").join(&algorithm).join(folder);
+            std::fs::create_dir_all(&to).unwrap();
+            std::fs::copy(
+                root.join("data/skab/published").join(&algorithm).join(folder).join(file),
+                to.join(file),
+            )
+            .unwrap();
+        }
+    }
+    let json = dir.path().join("detectors.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_omen"))
+        .args(["evaluate-detectors", "--no-progress", "--lstm-ae", "--skab-only", "--skab"])
+        .arg(&skab)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("SKAB, 2 files"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = report["skab"]["detectors"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["algorithm"].as_str().unwrap()).collect();
+    assert!(
+        names.contains(&"omen LSTM-AE") && names.contains(&"omen LSTM-AE pruned (keep 0.6)"),
+        "{names:?}"
+    );
+    assert!(names.contains(&"Conv_AE") && names.len() == 12, "{names:?}");
+    let f1: Vec<f64> = rows.iter().map(|r| r["scores"]["f1"].as_f64().unwrap()).collect();
+    assert!(f1.windows(2).all(|w| w[0] >= w[1]), "ranked by F1: {f1:?}");
+    assert!(stdout.contains("| omen LSTM-AE | ") && !stdout.contains("NAB, 51 files"), "{stdout}");
+    assert!(report.get("nab").is_none(), "--skab-only skips NAB");
+}

@@ -449,6 +449,15 @@ pub fn table(scores: &[DetectorScore], loco: Option<&LeaveOneOut>, files: usize)
     s
 }
 
+/// Which tables `omen evaluate-detectors` computes beside the published SKAB rows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tables {
+    /// omen's LSTM autoencoder on SKAB, fitted per file by the model worker.
+    pub lstm_ae: bool,
+    /// The SKAB table only, without NAB.
+    pub skab_only: bool,
+}
+
 /// One SKAB row: a published leaderboard detector's predictions scored by the port.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SkabRow {

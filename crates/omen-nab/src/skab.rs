@@ -93,7 +93,7 @@ pub struct NabSums {
 }
 
 /// SKAB's figures for a detector over a set of files.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SkabScores {
     /// F1 of the outlier problem.
     pub f1: f64,

@@ -10,7 +10,7 @@ use omen_signals::{
     trailing_worst, BreachDirection, WeeklyProfile,
 };
 use omen_sources::Sample;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{to_labels, AlertEvent, Engine, Level};
 use crate::config::{Direction, SloConfig, SloIndicator, TrendScale};
@@ -37,6 +37,9 @@ fn recent_acceleration(
     };
     steeper.then_some(r)
 }
+
+/// Store meta key of the SLOs under an early warning (JSON: SLO name -> [`WarnedForecast`]).
+pub const WARNINGS_META_KEY: &str = "forecast_warnings";
 
 /// The exported time to breach is in seconds (Prometheus' base unit); forecasts count days.
 const SECONDS_PER_DAY: f64 = 86_400.0;
@@ -84,8 +87,10 @@ pub struct SloForecast {
     pub trend: Option<FittedTrend>,
 }
 
-/// An early warning as it stood when it started.
-#[derive(Debug, Clone, Serialize)]
+/// An early warning as it stood when it started. Kept in the store (meta
+/// [`WARNINGS_META_KEY`]) so that a restarted agent goes on with the same warning: its start
+/// and what it said then, without the trend line it was drawn from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WarnedForecast {
     /// When the warning started, Unix ms.
     pub since_ms: i64,
@@ -293,7 +298,11 @@ impl Engine {
         forecasts: &mut [SloForecast],
         out: &mut Vec<Sample>,
     ) {
-        for f in forecasts {
+        // Warnings of SLOs no longer configured (kept from an earlier run) end silently.
+        let before = self.warnings.len();
+        self.warnings.retain(|slo, _| forecasts.iter().any(|f| f.slo == *slo));
+        let mut changed = self.warnings.len() != before;
+        for f in forecasts.iter_mut() {
             let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();
             for (name, value) in [
                 (catalogue::FORECAST_TIME_TO_BREACH.name, f.days_to_breach),
@@ -314,6 +323,7 @@ impl Engine {
                 }
             }
             let was = self.warnings.contains_key(&f.slo);
+            changed |= was != f.early_warning;
             if f.early_warning && !was {
                 let warned = WarnedForecast {
                     since_ms: now_ms,
@@ -340,6 +350,20 @@ impl Engine {
                     days_to_breach_interval: f.days_to_breach_lower.zip(f.days_to_breach_upper),
                 });
             }
+        }
+        if changed {
+            self.persist_warnings();
+        }
+    }
+
+    /// Writes the current warnings to the store; a failure is logged, and the next change
+    /// tries again (the warnings themselves are unaffected).
+    fn persist_warnings(&self) {
+        let json = serde_json::to_string(&self.warnings).expect("warnings serialise");
+        if let Err(e) = self.store.set_meta(WARNINGS_META_KEY, &json) {
+            tracing::warn!(
+                "cannot keep the early warnings in the store; a restart would start them anew: {e:#}"
+            );
         }
     }
 
@@ -535,12 +559,21 @@ mod tests {
         assert!(s.health_score >= 0.6);
         assert!(e.events().iter().any(|ev| ev.alert == "forecast:kv_usage"));
         // The day aggregates are read once per day: another tick of the day, and an
-        // engine that starts afresh on the same store, give the same forecasts (a fresh
-        // engine's warnings start at its first tick).
+        // engine that starts afresh on the same store (a restart), give the same forecasts.
         let again = e.tick(t0 + 12 * DAY_MS).unwrap();
-        let mut fresh =
-            engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n").tick(t0 + 12 * DAY_MS).unwrap();
+        let mut restarted = engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n");
+        let mut fresh = restarted.tick(t0 + 12 * DAY_MS).unwrap();
         assert_eq!(format!("{:?}", again.forecasts), format!("{:?}", s.forecasts));
+        // The restarted engine goes on with the same warning, kept in the store: the same
+        // start and what it said then (not its trend line), and no new alert event.
+        let kept = fresh.forecasts.iter().find(|f| f.slo == "kv_usage").unwrap().warned.clone().unwrap();
+        assert_eq!((kept.since_ms, kept.days_to_breach), (warned.since_ms, warned.days_to_breach));
+        assert!(kept.trend.is_none());
+        assert!(
+            !restarted.events().iter().any(|ev| ev.alert == "forecast:kv_usage"),
+            "{:?}",
+            restarted.events()
+        );
         let mut started_now = s.forecasts.clone();
         for f in started_now.iter_mut().chain(fresh.forecasts.iter_mut()) {
             f.warned = None;

@@ -86,6 +86,14 @@ impl Engine {
     /// A pipeline writing to `store` and publishing to `live`.
     pub fn new(cfg: Arc<Config>, store: Arc<Store>, live: Arc<LiveMetrics>) -> Result<Self> {
         let rolled_until_day_ms = store.meta("rolled_until_day_ms")?.and_then(|v| v.parse().ok());
+        // The early warnings a previous run left: they go on with their start.
+        let warnings = match store.meta(forecast::WARNINGS_META_KEY)? {
+            None => HashMap::new(),
+            Some(json) => serde_json::from_str(&json).unwrap_or_else(|e| {
+                tracing::warn!("the store's early warnings cannot be read ({e}); they start anew");
+                HashMap::new()
+            }),
+        };
         Ok(Self {
             cfg,
             store,
@@ -103,7 +111,7 @@ impl Engine {
             explained_at_ms: None,
             summary: Arc::new(RwLock::new(None)),
             health_level: Level::Ok,
-            warnings: HashMap::new(),
+            warnings,
             events: Vec::new(),
             changes: std::collections::VecDeque::new(),
             pending_shifts: Vec::new(),
