@@ -20,7 +20,7 @@ pub struct LiveModel {
 }
 
 /// One tick's outcome.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Tick {
     /// A source series has no value yet: nothing scored.
     Missing,
@@ -32,6 +32,8 @@ pub enum Tick {
         error: f64,
         /// Severity (0.6 at the POT threshold).
         severity: f64,
+        /// Each source series with its share of the error, largest first.
+        contributions: Vec<(String, f64)>,
     },
 }
 
@@ -77,7 +79,12 @@ impl LiveModel {
         let raw: Vec<f64> = values.into_iter().map(|v| v.expect("checked above")).collect();
         match self.worker.call(&Request::LstmTick { raw })? {
             Reply::LstmFilling => Ok(Tick::Filling),
-            Reply::LstmScored { error, severity } => Ok(Tick::Scored { error, severity }),
+            Reply::LstmScored { error, severity, contributions } => {
+                let mut contributions: Vec<(String, f64)> =
+                    self.sources.iter().cloned().zip(contributions).collect();
+                contributions.sort_by(|a, b| b.1.total_cmp(&a.1));
+                Ok(Tick::Scored { error, severity, contributions })
+            }
             other => Err(WorkerError::unexpected("lstm_tick", other).into()),
         }
     }

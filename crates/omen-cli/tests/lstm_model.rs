@@ -71,6 +71,24 @@ async fn agent_scores_the_model_and_exports_it() {
     }
     let v = score.expect("omen_lstm_ae_score in /metrics");
     assert!((0.0..=1.0).contains(&v), "{v}");
+
+    // A value far outside the pattern: the model's score passes the warning level, and the
+    // health reasons name the series behind its error.
+    for i in 12..16 {
+        let r = c
+            .post(format!("{base}/v1/ingest/samples"))
+            .json(&json!({"samples": [{"ts_ms": T0 + i * 1000, "signal": "queue_depth", "value": 400.0}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let latest: serde_json::Value =
+        c.get(format!("{base}/scores/latest")).send().await.unwrap().json().await.unwrap();
+    let reasons = latest["health"]["reasons"].as_array().expect("reasons");
+    let model = reasons.iter().find(|r| r["kind"] == "model").unwrap_or_else(|| panic!("{latest}"));
+    assert!(model["score"].as_f64().unwrap() >= 0.6, "{model}");
+    assert_eq!(model["contributors"], json!([{"series": "queue_depth", "share": 1.0}]), "{model}");
     agent.stop().await.unwrap();
 }
 

@@ -462,6 +462,38 @@ impl LstmAutoencoder {
         Ok(window_errors(&self.net, &x)[0])
     }
 
+    /// Reconstruction error of one window of feature rows (as [`Self::score_window`]) and
+    /// each source's share of it, in the order of `features.sources` (shares sum to 1; all
+    /// 0 for a perfect reconstruction). A source's share sums its features' squared errors in
+    /// normalised units, so it says which inputs the model could not reconstruct.
+    pub fn score_window_by_source(&self, feature_rows: &[Vec<f64>]) -> Result<(f64, Vec<f64>), LstmError> {
+        if feature_rows.len() != self.window() {
+            return Err(ModelError::TooFew {
+                what: "rows in the window",
+                have: feature_rows.len(),
+                need: self.window(),
+            }
+            .into());
+        }
+        let rows = self.meta.normalizer.transform(feature_rows)?;
+        let x = windows_tensor(&rows, rows.len(), 1);
+        let per_feature: Vec<f64> = tch::no_grad(|| {
+            let e = (self.net.forward(&x) - &x).square().mean_dim([0i64, 1].as_slice(), false, Kind::Double);
+            Vec::<f64>::try_from(&e).expect("a 1-d double tensor")
+        });
+        // The window's error is the mean over its features of these per-feature means.
+        let error = per_feature.iter().sum::<f64>() / per_feature.len().max(1) as f64;
+        let mut shares = vec![0.0; self.meta.features.sources.len()];
+        for (spec, e) in self.meta.features.features.iter().zip(&per_feature) {
+            shares[spec.source] += e;
+        }
+        let total: f64 = shares.iter().sum();
+        if total > 0.0 {
+            shares.iter_mut().for_each(|s| *s /= total);
+        }
+        Ok((error, shares))
+    }
+
     /// Reconstruction error of the window ending at each raw row (`None` until a window is full).
     pub fn score_series(&self, raw: &[Vec<f64>]) -> Result<Vec<Option<f64>>, LstmError> {
         let rows = self.meta.normalizer.transform(&self.meta.features.transform_all(raw)?)?;
@@ -592,6 +624,23 @@ pub(crate) mod tests {
         let features = FeatureSet::raw(vec!["a".into(), "b".into()]);
         let m = LstmAutoencoder::train(features, &data, &small_config(), &mut |_| {}).unwrap();
         (m, data)
+    }
+
+    #[test]
+    fn the_source_that_breaks_the_pattern_takes_most_of_the_error() {
+        let (m, _) = trained();
+        let mut window = periodic(1200)[800..800 + m.window()].to_vec();
+        let (normal, _) = m.score_window_by_source(&window).unwrap();
+        assert!((normal - m.score_window(&window).unwrap()).abs() < 1e-6 * normal.max(1e-3));
+        for row in &mut window[10..14] {
+            row[1] += 3.0;
+        }
+        let (error, shares) = m.score_window_by_source(&window).unwrap();
+        assert!((error - m.score_window(&window).unwrap()).abs() < 1e-6 * error.max(1e-3));
+        assert_eq!(shares.len(), 2);
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{shares:?}");
+        assert!(shares[1] > 0.8, "source b was disturbed: {shares:?}");
+        assert!(m.score_window_by_source(&window[1..]).is_err());
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub enum Reply {
         error: f64,
         /// Severity in [0, 1] (0.6 at the POT threshold).
         severity: f64,
+        /// Each source's share of the error, in the order of `sources` (sums to 1).
+        #[serde(default)]
+        contributions: Vec<f64>,
     },
     /// The BERTScore model is loaded.
     BertscoreLoaded {

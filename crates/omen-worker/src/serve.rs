@@ -56,8 +56,8 @@ impl Models {
                     Reply::LstmFilling
                 } else {
                     let window: Vec<Vec<f64>> = l.rows.iter().cloned().collect();
-                    let error = l.model.score_window(&window)?;
-                    Reply::LstmScored { error, severity: l.model.severity(error) }
+                    let (error, contributions) = l.model.score_window_by_source(&window)?;
+                    Reply::LstmScored { error, severity: l.model.severity(error), contributions }
                 }
             }
             Request::LoadBertscore { dir, threads } => {

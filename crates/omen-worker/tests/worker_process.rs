@@ -29,7 +29,11 @@ fn a_killed_worker_is_started_again_with_its_model() {
     for i in 0..5 {
         assert_eq!(tick(&w, i).unwrap(), Reply::LstmFilling, "tick {i}");
     }
-    let Reply::LstmScored { error, severity } = tick(&w, 5).unwrap() else { panic!("no score at tick 5") };
+    let Reply::LstmScored { error, severity, contributions } = tick(&w, 5).unwrap() else {
+        panic!("no score at tick 5")
+    };
+    // One source: it carries the whole error.
+    assert_eq!(contributions, [1.0]);
     assert!(error.is_finite() && error >= 0.0 && (0.0..=1.0).contains(&severity), "{error} {severity}");
 
     let pid = w.pid().expect("a worker runs");

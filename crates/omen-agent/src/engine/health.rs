@@ -121,7 +121,22 @@ pub enum Reason {
     Model {
         /// Its severity in [0, 1].
         score: f64,
+        /// The source series that contribute most to its reconstruction error (at most
+        /// [`MODEL_CONTRIBUTORS`], largest share first); empty for a replayed score.
+        contributors: Vec<ModelContributor>,
     },
+}
+
+/// How many of the LSTM-AE's inputs a reason names.
+pub const MODEL_CONTRIBUTORS: usize = 3;
+
+/// An input series of the LSTM autoencoder and its share of the reconstruction error.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelContributor {
+    /// The source series, as the model names it (`signal{k="v"}`).
+    pub series: String,
+    /// Its share of the error in [0, 1].
+    pub share: f64,
 }
 
 impl Reason {
@@ -141,7 +156,14 @@ impl Reason {
             Reason::EarlyWarning { slo, days_to_breach: None, threshold } => {
                 format!("SLO {slo} (threshold {threshold}) forecast to breach within the lead")
             }
-            Reason::Model { score } => format!("LSTM autoencoder score {score:.2}"),
+            Reason::Model { score, contributors } if contributors.is_empty() => {
+                format!("LSTM autoencoder score {score:.2}")
+            }
+            Reason::Model { score, contributors } => {
+                let parts: Vec<String> =
+                    contributors.iter().map(|c| format!("{} {:.0}%", c.series, 100.0 * c.share)).collect();
+                format!("LSTM autoencoder score {score:.2}, error mostly from {}", parts.join(", "))
+            }
         }
     }
 }
@@ -208,7 +230,13 @@ impl Engine {
         if let Some(score) =
             self.live.gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new()).filter(|&s| s >= warning)
         {
-            ranked.push((score, Reason::Model { score }));
+            let contributors = self
+                .model_contributions
+                .iter()
+                .take(MODEL_CONTRIBUTORS)
+                .map(|(series, share)| ModelContributor { series: series.clone(), share: *share })
+                .collect();
+            ranked.push((score, Reason::Model { score, contributors }));
         }
         // Stable: equal strengths keep anomalies, then forecasts (config order), then the model.
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0));

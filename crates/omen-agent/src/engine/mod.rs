@@ -69,6 +69,9 @@ pub struct Engine {
     /// The coupled latency model's last result, and when it was computed (explain.rs).
     explanation: Option<LatencyExplanation>,
     explained_at_ms: Option<i64>,
+    /// The source series behind the LSTM-AE's last score, with their shares of its error,
+    /// largest first (empty without a live score).
+    model_contributions: Vec<(String, f64)>,
     /// The LSTM autoencoder, scored once per tick when configured.
     #[cfg(feature = "lstm")]
     model: Option<crate::lstm_live::LiveModel>,
@@ -115,6 +118,7 @@ impl Engine {
             events: Vec::new(),
             changes: std::collections::VecDeque::new(),
             pending_shifts: Vec::new(),
+            model_contributions: Vec::new(),
             #[cfg(feature = "lstm")]
             model: None,
             #[cfg(feature = "lstm")]

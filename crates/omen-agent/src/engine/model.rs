@@ -43,12 +43,14 @@ impl Engine {
                     );
                     self.model_failing = true;
                 }
+                self.model_contributions.clear();
                 self.live.remove_gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new());
                 return;
             }
         };
         match tick {
-            crate::lstm_live::Tick::Scored { severity, .. } => {
+            crate::lstm_live::Tick::Scored { severity, contributions, .. } => {
+                self.model_contributions = contributions;
                 self.live.set_gauge(catalogue::LSTM_AE_SCORE.name, Vec::new(), severity);
                 out.push(Sample {
                     ts_ms: now_ms,
@@ -59,6 +61,7 @@ impl Engine {
             }
             // A source went silent: an old score must not hold the health score up.
             crate::lstm_live::Tick::Missing => {
+                self.model_contributions.clear();
                 self.live.remove_gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new())
             }
             crate::lstm_live::Tick::Filling => {}
