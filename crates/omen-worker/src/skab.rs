@@ -57,11 +57,17 @@ struct Report<'a> {
 /// The test rows' predictions: error of the window ending at the row above the POT threshold.
 /// A row whose window is not yet full (only when the window exceeds the training rows) is not
 /// predicted, and SKAB's scorer counts it nowhere.
-fn predict(model: &LstmAutoencoder, file: &SkabFile) -> Result<(Vec<Option<f64>>, Vec<Option<bool>>)> {
+/// Per test row: the window's error and the prediction (`None` before a window is full).
+struct Scored {
+    errors: Vec<Option<f64>>,
+    predictions: Vec<Option<bool>>,
+}
+
+fn predict(model: &LstmAutoencoder, file: &SkabFile) -> Result<Scored> {
     let errors = model.score_series(&file.rows)?.split_off(TRAINING_ROWS);
     let threshold = model.meta.pot.threshold;
     let predictions = errors.iter().map(|e| e.map(|e| e > threshold)).collect();
-    Ok((errors, predictions))
+    Ok(Scored { errors, predictions })
 }
 
 /// One file's test rows as CSV: time, error and prediction of both models, and the labels.
@@ -71,8 +77,8 @@ fn scores_csv(
     pruned: (&LstmAutoencoder, &[Option<f64>]),
 ) -> String {
     let cell = |e: Option<f64>| e.map_or(String::new(), |e| e.to_string());
-    let mut out = format!(
-        "time,error,threshold,anomalous,pruned_error,pruned_threshold,pruned_anomalous,anomaly,changepoint\n"
+    let mut out = String::from(
+        "time,error,threshold,anomalous,pruned_error,pruned_threshold,pruned_anomalous,anomaly,changepoint\n",
     );
     for i in 0..file.times.len() {
         let (e, p) = (full.1[i], pruned.1[i]);
@@ -166,7 +172,9 @@ pub fn evaluate_skab(a: &SkabArgs) -> Result<()> {
             .prune(a.prune, Some(train), a.fine_tune)
             .with_context(|| format!("pruning the model of {} to {}", f.rel, a.prune))?;
         let prune_seconds = started.elapsed().as_secs_f64();
-        let ((e_full, p_full), (e_small, p_small)) = (predict(&model, f)?, predict(&small, f)?);
+        let (full_scored, small_scored) = (predict(&model, f)?, predict(&small, f)?);
+        let (e_full, p_full) = (full_scored.errors, full_scored.predictions);
+        let (e_small, p_small) = (small_scored.errors, small_scored.predictions);
         if let Some(dir) = &a.scores {
             let path = dir.join(f.rel.replace('/', "_"));
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
