@@ -77,7 +77,8 @@ impl LlamaServer {
         let mut cmd = Command::new(&server);
         cmd.arg("-m").arg(&model);
         cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()]);
-        cmd.args(["-c", "2048", "-np", "1", "-t", "2", "--alias", MODEL]);
+        // One thread that sleeps when idle: tests run side by side on 2 cores (see support/mod.rs).
+        cmd.args(["-c", "2048", "-np", "1", "-t", "1", "--poll", "0", "--alias", MODEL]);
         if metrics {
             cmd.arg("--metrics");
         }

@@ -42,7 +42,9 @@ pub fn start_llama_server(extra: &[&str]) -> (Server, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = Command::new(&server)
         .args(["-m", &model, "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["-c", "2048", "-np", "1", "-t", "2", "--alias", "smollm2-135m"])
+        // One thread that sleeps when idle: tests run several servers side by side on 2 cores,
+        // and llama.cpp's spinning worker threads, oversubscribed, slowed tokens to seconds each.
+        .args(["-c", "2048", "-np", "1", "-t", "1", "--poll", "0", "--alias", "smollm2-135m"])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
