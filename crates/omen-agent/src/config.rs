@@ -58,19 +58,72 @@ impl Default for WorkerConfig {
     }
 }
 
-/// The LSTM autoencoder model file (`omen train` writes it).
+/// The LSTM autoencoder: a model file from `omen train`, or (without `path`) models the
+/// agent trains itself from its store, validates and swaps in (docs/model.md).
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Model file.
-    pub path: PathBuf,
+    /// A model file from `omen train`; when set it is used as is and nothing is trained.
+    pub path: Option<PathBuf>,
     /// libtorch threads for scoring (one window per health tick needs one).
-    #[serde(default = "default_model_threads")]
     pub threads: usize,
+    /// Train the first model once the store holds this much data.
+    #[serde(with = "humantime_serde")]
+    pub train_after: Duration,
+    /// Train a new candidate this long after the last training.
+    #[serde(with = "humantime_serde")]
+    pub retrain_every: Duration,
+    /// The most recent data one training reads.
+    #[serde(with = "humantime_serde")]
+    pub train_window: Duration,
+    /// Share of that data (the newest rows) held back to validate the candidate.
+    pub holdout: f64,
+    /// A candidate whose windows on the held-back rows alarm more often than this is refused.
+    pub max_alarm_rate: f64,
+    /// The signals whose series the model reads (each series is one input).
+    pub signals: Vec<String>,
+    /// Most input series; beyond it the series with the least data are left out.
+    pub max_series: usize,
+    /// Most training epochs (early stopping may end sooner).
+    pub epochs: usize,
+    /// Folder of the trained models; null = `models/` beside the store file.
+    pub dir: Option<PathBuf>,
 }
 
-fn default_model_threads() -> usize {
-    1
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            threads: 1,
+            train_after: Duration::from_secs(3 * 86_400),
+            retrain_every: Duration::from_secs(86_400),
+            train_window: Duration::from_secs(7 * 86_400),
+            holdout: 0.2,
+            max_alarm_rate: 0.05,
+            signals: [
+                "tle_bits",
+                "rci",
+                "canary_ttft_seconds",
+                "kv_fragmentation",
+                "kvcache_usage_ratio",
+                "gpu_memory_used_bytes",
+            ]
+            .map(String::from)
+            .to_vec(),
+            max_series: 24,
+            epochs: 30,
+            dir: None,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Where trained models live.
+    pub fn models_dir(&self, store_path: &std::path::Path) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| {
+            store_path.parent().map_or_else(|| PathBuf::from("models"), |p| p.join("models"))
+        })
+    }
 }
 
 /// SQLite store location and retention.
@@ -874,25 +927,47 @@ fn validate_forecast(f: &ForecastConfig, p: &mut Problems) {
     }
 }
 
-/// `model`: a build that can run it, an existing file, and at least one thread.
+/// `model`: a build that can run it, an existing file (when given), sane training settings.
 fn validate_model(m: &ModelConfig, p: &mut Problems) {
     if !cfg!(feature = "lstm") {
         p.bad(
-            "model.path",
+            "model",
             "this omen was built without the `lstm` feature; build with default features or remove the model section",
         );
-    } else if !m.path.is_file() {
+    } else if let Some(path) = m.path.as_ref().filter(|path| !path.is_file()) {
         p.bad(
             "model.path",
             format!(
-                "{} does not exist; train one with `omen train --data DATA --out {}` or remove the model section",
-                m.path.display(),
-                m.path.display()
+                "{} does not exist; train one with `omen train --data DATA --out {}`, or leave model.path unset \
+                 to have the agent train its own",
+                path.display(),
+                path.display()
             ),
         );
     }
     if m.threads == 0 {
         p.bad("model.threads", "must be at least 1");
+    }
+    if m.retrain_every.is_zero() {
+        p.bad("model.retrain_every", "must be longer than 0 (e.g. 1d)");
+    }
+    if m.train_window.is_zero() {
+        p.bad("model.train_window", "must be longer than 0 (e.g. 7d)");
+    }
+    if !(m.holdout > 0.0 && m.holdout < 0.9) {
+        p.bad("model.holdout", "must be in (0, 0.9): a share of the training data, e.g. 0.2");
+    }
+    if !(0.0..=1.0).contains(&m.max_alarm_rate) {
+        p.bad("model.max_alarm_rate", "must be in [0, 1], e.g. 0.05");
+    }
+    if m.signals.is_empty() {
+        p.bad("model.signals", "name at least one signal, e.g. [tle_bits, kv_fragmentation]");
+    }
+    if m.max_series == 0 {
+        p.bad("model.max_series", "must be at least 1");
+    }
+    if m.epochs == 0 {
+        p.bad("model.epochs", "must be at least 1");
     }
 }
 
@@ -1162,6 +1237,22 @@ mod tests {
         ] {
             Config::from_yaml(text).unwrap();
         }
+    }
+
+    #[test]
+    fn bad_model_training_settings_name_their_fields() {
+        let e =
+            Config::from_yaml("model:\n  holdout: 1.5\n  max_alarm_rate: -1\n  signals: []\n").unwrap_err();
+        let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["model.holdout", "model.max_alarm_rate", "model.signals"], "{e:?}");
+        // Without a path the agent trains its own model: the defaults are valid.
+        let cfg = Config::from_yaml("model: {}\n").unwrap();
+        let m = cfg.model.unwrap();
+        assert!(m.path.is_none() && m.train_after.as_secs() == 3 * 86_400);
+        assert_eq!(
+            m.models_dir(std::path::Path::new("/var/lib/omen/omen.db")),
+            std::path::Path::new("/var/lib/omen/models")
+        );
     }
 
     #[test]

@@ -802,6 +802,7 @@ mod tests {
             changes: vec![],
             forecasts: vec![],
             latency_model: None,
+            model: None,
         });
         for s in [summary, None] {
             let cached = latest_body(&s, gauges.iter());

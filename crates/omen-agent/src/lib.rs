@@ -11,6 +11,7 @@ pub mod http;
 #[cfg(feature = "lstm")]
 pub mod lstm_live;
 pub mod metrics;
+pub mod model_training;
 pub mod otlp;
 pub mod pipeline;
 pub mod run;

@@ -13,6 +13,7 @@ use crate::worker::{Reply, Request, Worker, WorkerError};
 /// A model loaded in the worker, with the agent's view of its sources.
 pub struct LiveModel {
     worker: Arc<Worker>,
+    path: std::path::PathBuf,
     sources: Vec<String>,
     window: usize,
     /// Source series missing at the last tick (logged when the set changes).
@@ -49,12 +50,17 @@ impl LiveModel {
         };
         // A model trained before a signal was renamed reads that signal's current series.
         let sources = sources.iter().map(|s| current_source(s)).collect();
-        Ok(Self { worker, sources, window, missing: Vec::new() })
+        Ok(Self { worker, path: path.to_owned(), sources, window, missing: Vec::new() })
     }
 
     /// Source series names, e.g. `kv_fragmentation{layer="0"}`, in the model's raw-row order.
     pub fn sources(&self) -> &[String] {
         &self.sources
+    }
+
+    /// The model file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The model's window length (ticks).

@@ -130,6 +130,14 @@ pub struct LiveMetrics {
     pub series_held: Gauge,
     /// Wall time of each engine tick (health, forecasts, roll-ups, retention), seconds.
     pub tick_seconds: Histogram,
+    /// LSTM-AE trainings the agent ran, by outcome (accepted, refused, failed).
+    pub model_trainings: Family<Vec<(String, String)>, Counter>,
+    /// 1 for the LSTM-AE in use, labelled by origin (file or trained); absent without one.
+    pub model_active: Family<Vec<(String, String)>, Gauge>,
+    /// Age of the LSTM-AE in use: event time since the end of its training data, seconds.
+    pub model_age_seconds: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    /// Share of the held-back validation windows on which the trained LSTM-AE in use alarms.
+    pub model_holdout_alarm_ratio: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
     /// Most gauge series held (see [`LiveMetrics::set_series_limit`]).
     series_limit: std::sync::atomic::AtomicUsize,
 }
@@ -171,6 +179,10 @@ impl LiveMetrics {
             level_shifts: Family::default(),
             series_held: Gauge::default(),
             tick_seconds: Histogram::new(TICK_BUCKETS),
+            model_trainings: Family::default(),
+            model_active: Family::default(),
+            model_age_seconds: Family::default(),
+            model_holdout_alarm_ratio: Family::default(),
             series_limit: MAX_GAUGE_SERIES.into(),
         };
         m.set_gauge(
@@ -384,6 +396,27 @@ pub fn registry(live: std::sync::Arc<LiveMetrics>) -> Registry {
         "series_rejected",
         "Batches refused because they would create series past a limit of the config's limits section, by limit",
         live.series_rejected.clone(),
+    );
+    registry.register(
+        "model_trainings",
+        "LSTM-AE trainings the agent ran from its store, by outcome (accepted, refused by validation, failed)",
+        live.model_trainings.clone(),
+    );
+    registry.register(
+        "model_active",
+        "1 for the LSTM-AE in use, by origin (file: model.path; trained: trained by the agent)",
+        live.model_active.clone(),
+    );
+    registry.register_with_unit(
+        "model_age",
+        "Age of the LSTM-AE in use: time since the end of its training data",
+        prometheus_client::registry::Unit::Seconds,
+        live.model_age_seconds.clone(),
+    );
+    registry.register(
+        "model_holdout_alarm_ratio",
+        "Share of held-back validation windows on which the trained LSTM-AE in use alarms",
+        live.model_holdout_alarm_ratio.clone(),
     );
     registry.register(
         "series_evicted",

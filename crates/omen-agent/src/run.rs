@@ -141,7 +141,7 @@ pub async fn start(cfg: Config) -> Result<Agent> {
         None => None,
     };
     let mut engine = Engine::new(cfg.clone(), store.clone(), live.clone())?;
-    attach_model(&cfg, worker.as_ref(), &mut engine)?;
+    attach_model(&cfg, worker.as_ref(), &live, &mut engine)?;
     let summary = engine.summary_handle();
     let ready = Arc::new(AtomicBool::new(false));
     let (ingest_tx, ingest_rx) = mpsc::channel::<IngestJob>(cfg.http.ingest_queue);
@@ -206,31 +206,57 @@ fn start_worker(cfg: &Config) -> Result<Option<Arc<crate::worker::Worker>>> {
 fn attach_model(
     cfg: &Config,
     #[cfg_attr(not(feature = "lstm"), allow(unused_variables))] worker: Option<&Arc<crate::worker::Worker>>,
+    live: &Arc<LiveMetrics>,
     engine: &mut Engine,
 ) -> Result<()> {
     let Some(m) = &cfg.model else {
-        info!("no model.path configured: running the statistical detectors only (window anomaly scores, forecasts)");
+        info!("no model section configured: running the statistical detectors only (window anomaly scores, forecasts)");
         return Ok(());
     };
     #[cfg(feature = "lstm")]
     {
-        let worker = worker.context("model.path: no model worker was started")?.clone();
-        let model = crate::lstm_live::LiveModel::load(worker, &m.path, m.threads)?;
+        let worker = worker.context("model: no model worker was started")?.clone();
+        let Some(path) = &m.path else {
+            // Event time outruns training only when a trace is replayed as fast as possible.
+            let wait = cfg.sources.trace.as_ref().is_some_and(|t| t.speed == 0.0);
+            let program = crate::worker::find_program(cfg.worker.path.as_deref()).context("worker.path")?;
+            let (trainer, model) = crate::model_training::AutoTrainer::start(
+                m,
+                cfg.health.interval,
+                &cfg.store.path,
+                program,
+                worker,
+                live.clone(),
+                wait,
+            )?;
+            if model.is_none() {
+                info!(
+                    train_after = %humantime::format_duration(m.train_after),
+                    "no model.path: the agent trains its LSTM-AE from its store once it holds model.train_after of data"
+                );
+            }
+            if let Some(model) = model {
+                engine.set_model(model);
+            }
+            engine.set_trainer(trainer);
+            return Ok(());
+        };
+        let model = crate::lstm_live::LiveModel::load(worker, path, m.threads)?;
         info!(
-            path = %m.path.display(),
+            path = %path.display(),
             sources = model.sources().len(),
             window = model.window(),
             "LSTM-AE model loaded in the model worker; its score joins the health score"
         );
+        live.model_active.get_or_create(&vec![("origin".into(), "file".into())]).set(1);
         engine.set_model(model);
         Ok(())
     }
     #[cfg(not(feature = "lstm"))]
     {
-        let _ = engine;
+        let _ = (engine, live, m);
         anyhow::bail!(
-            "model.path: {} is configured, but this omen was built without the `lstm` feature; build it with default features or remove the model section",
-            m.path.display()
+            "model: configured, but this omen was built without the `lstm` feature; build it with default features or remove the model section"
         )
     }
 }

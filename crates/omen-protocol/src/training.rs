@@ -86,6 +86,46 @@ pub struct TrainArgs {
     /// No progress bar (it is only drawn when stderr is a terminal anyway).
     #[arg(long)]
     pub no_progress: bool,
+    /// Also write the training figures as JSON here, with the alarm rate on the rows that
+    /// `--train-fraction` held back (windows at or above the POT threshold).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
+
+/// What `omen train --report` writes (the agent reads it to accept or refuse a model).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainReport {
+    /// Rows in the data.
+    pub rows: usize,
+    /// Rows trained on (the first ones).
+    pub train_rows: usize,
+    /// The model's source columns, in its order.
+    pub columns: Vec<String>,
+    /// Epochs run.
+    pub epochs_run: usize,
+    /// Last training loss.
+    pub train_loss: f64,
+    /// Best validation loss (early stopping).
+    pub val_loss: f64,
+    /// Training time, seconds.
+    pub seconds: f64,
+    /// POT threshold on the reconstruction error.
+    pub threshold: f64,
+    /// Windows ending in the held-back rows (0 when none were held back).
+    pub holdout_windows: usize,
+    /// Of those, windows at or above the threshold (severity >= 0.6).
+    pub holdout_alarms: usize,
+}
+
+impl TrainReport {
+    /// Share of held-back windows that alarm (0 without any).
+    pub fn holdout_alarm_rate(&self) -> f64 {
+        if self.holdout_windows == 0 {
+            0.0
+        } else {
+            self.holdout_alarms as f64 / self.holdout_windows as f64
+        }
+    }
 }
 
 /// `omen evaluate` options.

@@ -10,7 +10,7 @@ use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
 use omen_nab::{self as nab, NabCorpus, PROFILES};
 
-use omen_protocol::training::{load_labels, load_table, EvaluateArgs, TrainArgs};
+use omen_protocol::training::{load_labels, load_table, EvaluateArgs, TrainArgs, TrainReport};
 
 /// Mean seconds to score one window (batch of one), over `n` runs.
 fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> {
@@ -103,7 +103,49 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     };
     model.save(&a.out)?;
     println!("wrote {}", a.out.display());
+    if let Some(path) = &a.report {
+        let report = train_report(&model, &table.rows, take)?;
+        if report.holdout_windows > 0 {
+            println!(
+                "held back {} rows: {} of {} windows at or above the threshold ({:.2}%)",
+                n - take,
+                report.holdout_alarms,
+                report.holdout_windows,
+                100.0 * report.holdout_alarm_rate()
+            );
+        }
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("--report: cannot write {}", path.display()))?;
+    }
     Ok(())
+}
+
+/// The figures of `model`, trained on the first `take` of `rows`, with its alarms on the
+/// windows that end in the rows after them.
+fn train_report(model: &LstmAutoencoder, rows: &[Vec<f64>], take: usize) -> Result<TrainReport> {
+    let w = model.window();
+    let (mut windows, mut alarms) = (0, 0);
+    if take < rows.len() {
+        // Start early enough that the first window ends on the first held-back row.
+        let from = take.saturating_sub(w - 1);
+        for e in model.score_series(&rows[from..])?.into_iter().flatten() {
+            windows += 1;
+            alarms += usize::from(model.severity(e) >= 0.6);
+        }
+    }
+    let t = &model.meta.training;
+    Ok(TrainReport {
+        rows: rows.len(),
+        train_rows: take,
+        columns: model.meta.features.sources.clone(),
+        epochs_run: t.epochs_run,
+        train_loss: t.train_loss,
+        val_loss: t.val_loss,
+        seconds: t.seconds,
+        threshold: model.meta.pot.threshold,
+        holdout_windows: windows,
+        holdout_alarms: alarms,
+    })
 }
 
 /// `omen evaluate`.

@@ -72,6 +72,8 @@ pub struct HealthSummary {
     pub forecasts: Vec<SloForecast>,
     /// The coupled latency model over `explain.window` (None until its first fit).
     pub latency_model: Option<super::LatencyExplanation>,
+    /// The LSTM-AE: where it comes from, its age and validation (None without a `model` section).
+    pub model: Option<crate::model_training::ModelStatus>,
 }
 
 /// A change of a series that held for `signals.latch`: the series lives at a new level.

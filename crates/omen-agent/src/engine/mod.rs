@@ -78,6 +78,9 @@ pub struct Engine {
     /// The last model tick failed (logged once per failure spell).
     #[cfg(feature = "lstm")]
     model_failing: bool,
+    /// Trains, validates and swaps the model when `model.path` is unset (model_training.rs).
+    #[cfg(feature = "lstm")]
+    trainer: Option<crate::model_training::AutoTrainer>,
 }
 
 /// Series labels as the live metrics take them.
@@ -123,6 +126,8 @@ impl Engine {
             model: None,
             #[cfg(feature = "lstm")]
             model_failing: false,
+            #[cfg(feature = "lstm")]
+            trainer: None,
         })
     }
 
@@ -130,6 +135,38 @@ impl Engine {
     #[cfg(feature = "lstm")]
     pub fn set_model(&mut self, model: crate::lstm_live::LiveModel) {
         self.model = Some(model);
+    }
+
+    /// Trains the model itself with `trainer` (a model it returns at start is scored at once).
+    #[cfg(feature = "lstm")]
+    pub fn set_trainer(&mut self, trainer: crate::model_training::AutoTrainer) {
+        self.trainer = Some(trainer);
+    }
+
+    /// The LSTM-AE's status for /scores/latest (None without a `model` section).
+    fn model_status(&self, now_ms: i64) -> Option<crate::model_training::ModelStatus> {
+        #[cfg(feature = "lstm")]
+        {
+            if let Some(t) = &self.trainer {
+                return Some(t.status(now_ms));
+            }
+            self.model.as_ref().map(|m| crate::model_training::ModelStatus {
+                origin: "file",
+                state: "active",
+                path: Some(m.path().to_owned()),
+                trained_until_ms: None,
+                age_seconds: None,
+                inputs: m.sources().to_vec(),
+                validation: None,
+                last_training: None,
+                next_training_ms: None,
+            })
+        }
+        #[cfg(not(feature = "lstm"))]
+        {
+            let _ = now_ms;
+            None
+        }
     }
 
     /// Shared handle to the latest health summary.
@@ -208,7 +245,12 @@ impl Engine {
         // What the tick stores: the model's score, the health score, the forecasts.
         let mut out = std::mem::take(&mut self.pending_shifts);
         #[cfg(feature = "lstm")]
-        self.score_model(now_ms, &mut out);
+        {
+            if let Some(model) = self.trainer.as_mut().and_then(|t| t.tick(now_ms, &self.store)) {
+                self.model = Some(model);
+            }
+            self.score_model(now_ms, &mut out);
+        }
         let health = self.health_score(&contributors, &forecasts);
         let level = Level::of(health, &self.cfg.health);
         let reasons = if level == Level::Ok { Vec::new() } else { self.reasons(&contributors, &forecasts) };
@@ -228,6 +270,7 @@ impl Engine {
             changes: self.changes.iter().cloned().collect(),
             forecasts,
             latency_model: self.explanation.clone(),
+            model: self.model_status(now_ms),
         };
         *self.summary.write().unwrap_or_else(|e| e.into_inner()) = Some(summary.clone());
         Ok(summary)
