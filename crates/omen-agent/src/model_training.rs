@@ -71,6 +71,8 @@ pub const PREVIOUS: &str = "lstm-ae.previous.ot";
 const CANDIDATE: &str = "lstm-ae.candidate.ot";
 #[cfg(feature = "lstm")]
 const TRAINING_DATA: &str = "training-data.jsonl";
+#[cfg(feature = "lstm")]
+const TRAINING_LOG: &str = "training.log";
 
 #[cfg(feature = "lstm")]
 /// The record kept beside a model file (`<file>.json`).
@@ -153,6 +155,21 @@ mod trainer {
         started_ms: i64,
         until_ms: i64,
         done: mpsc::Receiver<Result<TrainReport>>,
+        child: Arc<std::sync::Mutex<std::process::Child>>,
+    }
+
+    impl Drop for AutoTrainer {
+        /// A training still running when the agent stops is killed, not left behind.
+        fn drop(&mut self) {
+            if let Some(job) = &self.job {
+                let mut child = job.child.lock().unwrap_or_else(|e| e.into_inner());
+                if matches!(child.try_wait(), Ok(None)) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    tracing::info!("LSTM-AE: the training in progress was stopped with the agent");
+                }
+            }
+        }
     }
 
     /// Trains, validates and swaps the agent's own LSTM-AE (see the module doc).
@@ -338,15 +355,39 @@ mod trainer {
                 .arg(record_path(&self.dir.join(CANDIDATE)));
             let program = self.program.clone();
             let report_path = record_path(&self.dir.join(CANDIDATE));
+            // No stale candidate may pass for this training's.
+            for stale in [self.dir.join(CANDIDATE), report_path.clone()] {
+                let _ = std::fs::remove_file(stale);
+            }
+            // The worker's output goes to a log beside the models (its last lines explain a failure).
+            let log_path = self.dir.join(TRAINING_LOG);
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("model.dir: cannot write {}", log_path.display()))?;
+            cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+            let child =
+                cmd.spawn().with_context(|| format!("cannot run {} (worker.path)", program.display()))?;
+            let child = Arc::new(std::sync::Mutex::new(child));
             let (tx, done) = mpsc::channel();
+            let running = child.clone();
             std::thread::Builder::new().name("omen-model-training".into()).spawn(move || {
                 let result = (|| -> Result<TrainReport> {
-                    let out = cmd
-                        .output()
-                        .with_context(|| format!("cannot run {} (worker.path)", program.display()))?;
-                    if !out.status.success() {
-                        let stderr = String::from_utf8_lossy(&out.stderr);
-                        bail!("{} train exited with {}: {}", program.display(), out.status, stderr.trim());
+                    // Polled, so that the trainer can kill the child while this thread waits.
+                    let status = loop {
+                        if let Some(status) = running.lock().unwrap_or_else(|e| e.into_inner()).try_wait()? {
+                            break status;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    };
+                    if !status.success() {
+                        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                        let tail: Vec<&str> = tail.into_iter().rev().collect();
+                        bail!(
+                            "{} train exited with {status}: {} (log: {})",
+                            program.display(),
+                            tail.join(" / "),
+                            log_path.display()
+                        );
                     }
                     let text = std::fs::read_to_string(&report_path)
                         .with_context(|| format!("the worker wrote no report {}", report_path.display()))?;
@@ -355,7 +396,7 @@ mod trainer {
                 })();
                 let _ = tx.send(result);
             })?;
-            Ok(Job { started_ms: now_ms, until_ms: now_ms, done })
+            Ok(Job { started_ms: now_ms, until_ms: now_ms, done, child })
         }
 
         /// The newest `train_window` of every `signals` series with data in at least half of
@@ -522,6 +563,78 @@ mod tests {
             holdout_windows: windows,
             holdout_alarms: alarms,
         }
+    }
+
+    /// A trainer on a store holding two days of `a` at one sample a minute.
+    #[cfg(feature = "lstm")]
+    fn trainer(dir: &std::path::Path, signals: &[&str], program: &str) -> (AutoTrainer, omen_store::Store) {
+        let store = omen_store::Store::open(&dir.join("omen.db")).unwrap();
+        let samples: Vec<omen_sources::Sample> = (0..2 * 1440)
+            .map(|m| omen_sources::Sample {
+                ts_ms: m * 60_000,
+                signal: "a".into(),
+                labels: Default::default(),
+                value: (m % 7) as f64,
+            })
+            .collect();
+        store.insert(&samples).unwrap();
+        let cfg = crate::config::ModelConfig {
+            train_after: std::time::Duration::from_secs(86_400),
+            signals: signals.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let live = std::sync::Arc::new(crate::metrics::LiveMetrics::new());
+        let worker = std::sync::Arc::new(crate::worker::Worker::new(
+            program.into(),
+            std::time::Duration::from_secs(1),
+        ));
+        let (t, model) = AutoTrainer::start(
+            &cfg,
+            std::time::Duration::from_secs(60),
+            &dir.join("omen.db"),
+            program.into(),
+            worker,
+            live,
+            true,
+        )
+        .unwrap();
+        assert!(model.is_none());
+        (t, store)
+    }
+
+    #[cfg(feature = "lstm")]
+    #[test]
+    fn a_training_that_cannot_run_is_a_failed_outcome_and_waits_for_the_schedule() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut t, store) = trainer(dir.path(), &["nothing_here"], "/nonexistent/omen-worker");
+        // Before train_after: waiting.
+        assert!(t.tick(20 * 3_600_000, &store).is_none());
+        assert_eq!(t.status(20 * 3_600_000).state, "waiting_for_data");
+        assert!(t.tick(86_400_000, &store).is_none());
+        let s = t.status(86_400_000);
+        assert_eq!((s.origin, s.state), ("none", "none_accepted"));
+        let last = s.last_training.unwrap();
+        assert_eq!(last.outcome, "failed");
+        assert!(
+            last.detail.contains("model.signals") && last.detail.contains("nothing_here"),
+            "{}",
+            last.detail
+        );
+        assert_eq!(s.next_training_ms, Some(2 * 86_400_000));
+        // Data present, but the worker binary missing: the failure names it.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut t, store) = trainer(dir.path(), &["a"], "/nonexistent/omen-worker");
+        assert!(t.tick(86_400_000, &store).is_none());
+        let last = t.status(86_400_000).last_training.unwrap();
+        assert!(
+            last.detail.contains("/nonexistent/omen-worker") && last.detail.contains("worker.path"),
+            "{}",
+            last.detail
+        );
+        assert!(dir.path().join("models").join(TRAINING_DATA).is_file());
+        // Nothing is retried before model.retrain_every.
+        assert!(t.tick(86_400_000 + 3_600_000, &store).is_none());
+        assert_eq!(t.status(0).last_training.unwrap().started_ms, 86_400_000);
     }
 
     #[test]

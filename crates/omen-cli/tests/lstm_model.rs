@@ -85,6 +85,11 @@ async fn agent_scores_the_model_and_exports_it() {
     }
     let latest: serde_json::Value =
         c.get(format!("{base}/scores/latest")).send().await.unwrap().json().await.unwrap();
+    // A user's model file is used as is: nothing is trained.
+    let status = &latest["health"]["model"];
+    assert_eq!((&status["origin"], &status["state"]), (&json!("file"), &json!("active")), "{status}");
+    assert_eq!(status["inputs"], json!(["queue_depth"]), "{status}");
+    assert!(status["last_training"].is_null(), "{status}");
     let reasons = latest["health"]["reasons"].as_array().expect("reasons");
     let model = reasons.iter().find(|r| r["kind"] == "model").unwrap_or_else(|| panic!("{latest}"));
     assert!(model["score"].as_f64().unwrap() >= 0.6, "{model}");
