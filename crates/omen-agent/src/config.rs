@@ -86,6 +86,9 @@ pub struct ModelConfig {
     pub max_series: usize,
     /// Most training epochs (early stopping may end sooner).
     pub epochs: usize,
+    /// A training running longer (wall time) is killed and counted as failed.
+    #[serde(with = "humantime_serde")]
+    pub train_timeout: Duration,
     /// Folder of the trained models; null = `models/` beside the store file.
     pub dir: Option<PathBuf>,
 }
@@ -112,6 +115,7 @@ impl Default for ModelConfig {
             .to_vec(),
             max_series: 24,
             epochs: 30,
+            train_timeout: Duration::from_secs(3600),
             dir: None,
         }
     }
@@ -681,7 +685,7 @@ impl Config {
         validate_history(&self.history, &mut p);
         validate_explain(&self.explain, &mut p);
         if let Some(m) = &self.model {
-            validate_model(m, &mut p);
+            validate_model(m, &self.store, &mut p);
         }
         validate_worker(&self.worker, self.needs_worker(), &mut p);
         if let Some(o) = &self.otlp {
@@ -928,7 +932,7 @@ fn validate_forecast(f: &ForecastConfig, p: &mut Problems) {
 }
 
 /// `model`: a build that can run it, an existing file (when given), sane training settings.
-fn validate_model(m: &ModelConfig, p: &mut Problems) {
+fn validate_model(m: &ModelConfig, store: &StoreConfig, p: &mut Problems) {
     if !cfg!(feature = "lstm") {
         p.bad(
             "model",
@@ -968,6 +972,20 @@ fn validate_model(m: &ModelConfig, p: &mut Problems) {
     }
     if m.epochs == 0 {
         p.bad("model.epochs", "must be at least 1");
+    }
+    if m.train_timeout.is_zero() {
+        p.bad("model.train_timeout", "must be longer than 0 (e.g. 1h)");
+    }
+    // The agent measures how much data it holds by its oldest raw sample.
+    if m.path.is_none() && m.train_after > Duration::from_secs(u64::from(store.raw_retention_days) * 86_400) {
+        p.bad(
+            "model.train_after",
+            format!(
+                "must not exceed store.raw_retention_days ({} days): the agent measures its data by the raw \
+                 samples it keeps, so it would never train; lower it or keep raw samples longer",
+                store.raw_retention_days
+            ),
+        );
     }
 }
 
@@ -1241,10 +1259,17 @@ mod tests {
 
     #[test]
     fn bad_model_training_settings_name_their_fields() {
-        let e =
-            Config::from_yaml("model:\n  holdout: 1.5\n  max_alarm_rate: -1\n  signals: []\n").unwrap_err();
+        let e = Config::from_yaml(
+            "store:\n  raw_retention_days: 2\nmodel:\n  holdout: 1.5\n  max_alarm_rate: -1\n  signals: []\n",
+        )
+        .unwrap_err();
         let paths: Vec<&str> = e.iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(paths, ["model.holdout", "model.max_alarm_rate", "model.signals"], "{e:?}");
+        assert_eq!(
+            paths,
+            ["model.holdout", "model.max_alarm_rate", "model.signals", "model.train_after"],
+            "{e:?}"
+        );
+        assert!(e[3].message.contains("store.raw_retention_days (2 days)"), "{e:?}");
         // Without a path the agent trains its own model: the defaults are valid.
         let cfg = Config::from_yaml("model: {}\n").unwrap();
         let m = cfg.model.unwrap();

@@ -39,14 +39,15 @@ pub enum Tick {
 }
 
 impl LiveModel {
-    /// Loads the model file into the worker; errors name the file and the fix.
-    pub fn load(worker: Arc<Worker>, path: &Path, threads: usize) -> Result<Self> {
+    /// Loads the model file into the worker; errors name `field` (the config key the file
+    /// comes from), the file and the fix.
+    pub fn load(worker: Arc<Worker>, path: &Path, threads: usize, field: &str) -> Result<Self> {
         let reply = worker
             .load(Request::LoadLstm { path: path.to_owned(), threads })
-            .with_context(|| format!("model.path: {}", path.display()))?;
+            .with_context(|| format!("{field}: {}", path.display()))?;
         let Reply::LstmLoaded { sources, window } = reply else {
             return Err(WorkerError::unexpected("load_lstm", reply))
-                .with_context(|| format!("model.path: {}", path.display()));
+                .with_context(|| format!("{field}: {}", path.display()));
         };
         // A model trained before a signal was renamed reads that signal's current series.
         let sources = sources.iter().map(|s| current_source(s)).collect();

@@ -35,6 +35,8 @@ pub struct ModelStatus {
     pub validation: Option<Validation>,
     /// The last training the agent ran.
     pub last_training: Option<TrainingOutcome>,
+    /// The last few trainings, newest first (the last one included).
+    pub recent_trainings: Vec<TrainingOutcome>,
     /// Event time from which the next training may start, ms.
     pub next_training_ms: Option<i64>,
 }
@@ -68,37 +70,14 @@ pub const CURRENT: &str = "lstm-ae.ot";
 /// The model before the current one, kept to roll back to.
 pub const PREVIOUS: &str = "lstm-ae.previous.ot";
 #[cfg(feature = "lstm")]
-const CANDIDATE: &str = "lstm-ae.candidate.ot";
-#[cfg(feature = "lstm")]
 const TRAINING_DATA: &str = "training-data.jsonl";
 #[cfg(feature = "lstm")]
 const TRAINING_LOG: &str = "training.log";
-
 #[cfg(feature = "lstm")]
-/// The record kept beside a model file (`<file>.json`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ModelRecord {
-    trained_until_ms: i64,
-    started_ms: i64,
-    validation: Validation,
-    report: omen_protocol::training::TrainReport,
-}
-
+const SCHEDULE: &str = "schedule.json";
+/// Trainings kept in `recent_trainings`.
 #[cfg(feature = "lstm")]
-fn record_path(model: &std::path::Path) -> PathBuf {
-    model.with_extension("json")
-}
-
-#[cfg(feature = "lstm")]
-/// Renames `from` (and its record) to `to`, replacing what is there.
-fn rename_model(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-    std::fs::rename(from, to)?;
-    let record = record_path(from);
-    if record.exists() {
-        std::fs::rename(record, record_path(to))?;
-    }
-    Ok(())
-}
+const RECENT: usize = 5;
 
 /// The accept-or-refuse rule: enough held-back windows, and few enough alarms on them.
 pub fn judge(
@@ -137,8 +116,8 @@ mod trainer {
     use std::collections::BTreeMap;
     use std::io::Write;
     use std::path::{Path, PathBuf};
-    use std::sync::{mpsc, Arc};
-    use std::time::Duration;
+    use std::sync::{mpsc, Arc, Mutex};
+    use std::time::{Duration, Instant};
 
     use anyhow::{bail, Context, Result};
     use omen_protocol::training::TrainReport;
@@ -148,28 +127,51 @@ mod trainer {
     use crate::config::ModelConfig;
     use crate::lstm_live::LiveModel;
     use crate::metrics::LiveMetrics;
-    use crate::worker::Worker;
+    use crate::worker::{Worker, WorkerError};
 
-    /// A training in flight: its start (event time), the end of its data and its result.
-    struct Job {
-        started_ms: i64,
-        until_ms: i64,
-        done: mpsc::Receiver<Result<TrainReport>>,
-        child: Arc<std::sync::Mutex<std::process::Child>>,
+    /// The record kept beside a model file (`<file>.json`).
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub(super) struct ModelRecord {
+        pub(super) trained_until_ms: i64,
+        pub(super) started_ms: i64,
+        /// CRC-32 of the model file, so that a record never describes another file.
+        pub(super) crc32: u32,
+        pub(super) validation: Validation,
+        pub(super) report: TrainReport,
     }
 
-    impl Drop for AutoTrainer {
-        /// A training still running when the agent stops is killed, not left behind.
-        fn drop(&mut self) {
-            if let Some(job) = &self.job {
-                let mut child = job.child.lock().unwrap_or_else(|e| e.into_inner());
-                if matches!(child.try_wait(), Ok(None)) {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    tracing::info!("LSTM-AE: the training in progress was stopped with the agent");
-                }
-            }
+    /// What survives a restart besides the model: the schedule and the recent outcomes.
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    struct Schedule {
+        last_start_ms: Option<i64>,
+        recent: Vec<TrainingOutcome>,
+    }
+
+    pub(super) fn record_path(model: &Path) -> PathBuf {
+        model.with_extension("json")
+    }
+
+    pub(super) fn crc32(path: &Path) -> std::io::Result<u32> {
+        let mut crc = flate2::Crc::new();
+        crc.update(&std::fs::read(path)?);
+        Ok(crc.sum())
+    }
+
+    fn remove_model(path: &Path) {
+        for p in [path.to_owned(), record_path(path)] {
+            let _ = std::fs::remove_file(p);
         }
+    }
+
+    /// A failed retry comes sooner than a scheduled retraining.
+    const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(3600);
+
+    /// A training in flight: its start (event time), the end of its data, its files and result.
+    struct Job {
+        started_ms: i64,
+        candidate: PathBuf,
+        done: mpsc::Receiver<Result<TrainReport>>,
+        child: Arc<Mutex<std::process::Child>>,
     }
 
     /// Trains, validates and swaps the agent's own LSTM-AE (see the module doc).
@@ -182,16 +184,33 @@ mod trainer {
         live: Arc<LiveMetrics>,
         wait: bool,
         job: Option<Job>,
-        /// Event time of the last training start (the schedule counts from it).
-        last_start_ms: Option<i64>,
+        schedule: Schedule,
+        /// The store's oldest raw sample, once seen (how long the agent has had data).
+        first_data_ms: Option<i64>,
         current: Option<ModelRecord>,
         inputs: Vec<String>,
-        last_outcome: Option<TrainingOutcome>,
+    }
+
+    impl Drop for AutoTrainer {
+        /// A training still running when the agent stops is killed, not left behind.
+        fn drop(&mut self) {
+            if let Some(job) = self.job.take() {
+                let mut child = job.child.lock().unwrap_or_else(|e| e.into_inner());
+                if matches!(child.try_wait(), Ok(None)) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    tracing::info!("LSTM-AE: the training in progress was stopped with the agent");
+                }
+                remove_model(&job.candidate);
+            }
+        }
     }
 
     impl AutoTrainer {
         /// A trainer writing to `cfg.models_dir(store)`; a model a previous run trained there
-        /// is returned to be loaded (one that cannot be loaded is moved aside and retrained).
+        /// is returned to be loaded. One that does not match its record or that the worker
+        /// refuses (another version, damage) is moved aside and a new one trained; a worker
+        /// that cannot be reached is a start-up error.
         pub fn start(
             cfg: &ModelConfig,
             step: Duration,
@@ -205,6 +224,17 @@ mod trainer {
             std::fs::create_dir_all(&dir).with_context(|| {
                 format!("model.dir: cannot create {}; choose a writable folder", dir.display())
             })?;
+            // Leftovers of a run that was killed mid-training.
+            for entry in std::fs::read_dir(&dir)?.flatten() {
+                if entry.file_name().to_string_lossy().starts_with("lstm-ae.candidate-") {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+            let _ = std::fs::remove_file(dir.join(TRAINING_DATA));
+            let schedule = std::fs::read_to_string(dir.join(SCHEDULE))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
             let mut me = Self {
                 cfg: cfg.clone(),
                 step,
@@ -214,61 +244,84 @@ mod trainer {
                 live,
                 wait,
                 job: None,
-                last_start_ms: None,
+                schedule,
+                first_data_ms: None,
                 current: None,
                 inputs: Vec::new(),
-                last_outcome: None,
             };
-            let path = me.dir.join(CURRENT);
-            let mut model = None;
-            if path.exists() {
-                let record = std::fs::read_to_string(record_path(&path))
-                    .ok()
-                    .and_then(|t| serde_json::from_str::<ModelRecord>(&t).ok());
-                match (record, LiveModel::load(me.worker.clone(), &path, me.cfg.threads)) {
-                    (Some(record), Ok(m)) => {
-                        tracing::info!(path = %path.display(), "LSTM-AE: the model trained by a previous run is in use");
-                        me.last_start_ms = Some(record.started_ms);
-                        me.inputs = m.sources().to_vec();
-                        me.current = Some(record);
-                        model = Some(m);
-                    }
-                    (record, loaded) => {
-                        let why = match loaded {
-                            Err(e) => format!("{e:#}"),
-                            Ok(_) if record.is_none() => {
-                                format!("{} is missing or unreadable", record_path(&path).display())
-                            }
-                            Ok(_) => unreachable!("both present is the arm above"),
-                        };
-                        let aside = me.dir.join(format!("lstm-ae.bad-{}.ot", chrono::Utc::now().timestamp()));
-                        rename_model(&path, &aside)?;
-                        tracing::warn!(
-                            "LSTM-AE: the trained model in {} cannot be used ({why}); moved aside to {}, a new one is trained",
-                            me.dir.display(),
-                            aside.display()
-                        );
-                    }
-                }
-            }
+            let model = me.load_current()?;
             me.publish(None);
             Ok((me, model))
+        }
+
+        fn load_current(&mut self) -> Result<Option<LiveModel>> {
+            let path = self.dir.join(CURRENT);
+            if !path.exists() {
+                return Ok(None);
+            }
+            let record = std::fs::read_to_string(record_path(&path))
+                .map_err(|e| format!("its record {} cannot be read ({e})", record_path(&path).display()))
+                .and_then(|t| {
+                    serde_json::from_str::<ModelRecord>(&t).map_err(|e| {
+                        format!("its record {} is not valid ({e})", record_path(&path).display())
+                    })
+                })
+                .and_then(|r| match crc32(&path) {
+                    Ok(c) if c == r.crc32 => Ok(r),
+                    Ok(_) => Err(format!(
+                        "it is not the file its record {} describes",
+                        record_path(&path).display()
+                    )),
+                    Err(e) => Err(format!("it cannot be read ({e})")),
+                });
+            let why = match record {
+                Err(why) => why,
+                Ok(record) => {
+                    match LiveModel::load(self.worker.clone(), &path, self.cfg.threads, "model.dir") {
+                        Ok(m) => {
+                            tracing::info!(path = %path.display(), "LSTM-AE: the model trained by a previous run is in use");
+                            self.inputs = m.sources().to_vec();
+                            self.current = Some(record);
+                            return Ok(Some(m));
+                        }
+                        // The worker read the file and refused it: the file is at fault.
+                        Err(e)
+                            if matches!(
+                                e.downcast_ref::<WorkerError>(),
+                                Some(WorkerError::Failed(_) | WorkerError::Unexpected { .. })
+                            ) =>
+                        {
+                            format!("{e:#}")
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            let aside = self.dir.join(format!("lstm-ae.bad-{}.ot", chrono::Utc::now().timestamp()));
+            std::fs::rename(&path, &aside)?;
+            if record_path(&path).exists() {
+                std::fs::rename(record_path(&path), record_path(&aside))?;
+            }
+            tracing::warn!(
+                "LSTM-AE: the trained model {} cannot be used: {why}; moved aside to {}, a new one is trained",
+                path.display(),
+                aside.display()
+            );
+            Ok(None)
         }
 
         /// One tick: collects a finished training (accepting or refusing it), or starts one
         /// when due. Returns a newly accepted model for the engine to score with.
         pub fn tick(&mut self, now_ms: i64, store: &Store) -> Option<LiveModel> {
-            let swapped = self.collect();
+            let mut swapped = self.collect();
             if self.job.is_none() && self.due(now_ms, store) {
-                self.last_start_ms = Some(now_ms);
+                self.schedule.last_start_ms = Some(now_ms);
                 match self.spawn(now_ms, store) {
                     Ok(job) => self.job = Some(job),
                     Err(e) => self.finish(now_ms, "failed", format!("{e:#}")),
                 }
-                if self.wait {
-                    let collected = self.collect();
-                    self.publish(Some(now_ms));
-                    return collected.or(swapped);
+                if self.wait && self.job.is_some() {
+                    swapped = self.collect().or(swapped);
                 }
             }
             self.publish(Some(now_ms));
@@ -280,34 +333,40 @@ mod trainer {
             let state = match (&self.job, &self.current) {
                 (Some(_), _) => "training",
                 (None, Some(_)) => "active",
-                (None, None) if self.last_outcome.is_none() => "waiting_for_data",
+                (None, None) if self.schedule.recent.is_empty() => "waiting_for_data",
                 (None, None) => "none_accepted",
             };
+            let current = self.current.as_ref();
             ModelStatus {
-                origin: if self.current.is_some() { "trained" } else { "none" },
+                origin: if current.is_some() { "trained" } else { "none" },
                 state,
-                path: self.current.as_ref().map(|_| self.dir.join(CURRENT)),
-                trained_until_ms: self.current.as_ref().map(|r| r.trained_until_ms),
-                age_seconds: self.current.as_ref().map(|r| (now_ms - r.trained_until_ms) as f64 / 1e3),
+                path: current.map(|_| self.dir.join(CURRENT)),
+                trained_until_ms: current.map(|r| r.trained_until_ms),
+                age_seconds: current.map(|r| (now_ms - r.trained_until_ms).max(0) as f64 / 1e3),
                 inputs: self.inputs.clone(),
-                validation: self.current.as_ref().map(|r| r.validation.clone()),
-                last_training: self.last_outcome.clone(),
+                validation: current.map(|r| r.validation.clone()),
+                last_training: self.schedule.recent.first().cloned(),
+                recent_trainings: self.schedule.recent.clone(),
                 next_training_ms: self.next_ms(),
             }
         }
 
         fn next_ms(&self) -> Option<i64> {
-            self.last_start_ms.map(|t| t + self.cfg.retrain_every.as_millis() as i64)
+            let start = self.schedule.last_start_ms?;
+            let failed = self.schedule.recent.first().is_some_and(|o| o.outcome == "failed");
+            let after =
+                if failed { self.cfg.retrain_every.min(RETRY_AFTER_FAILURE) } else { self.cfg.retrain_every };
+            Some(start + after.as_millis() as i64)
         }
 
-        fn due(&self, now_ms: i64, store: &Store) -> bool {
+        fn due(&mut self, now_ms: i64, store: &Store) -> bool {
             if let Some(next) = self.next_ms() {
                 return now_ms >= next;
             }
-            match store.earliest_ts() {
-                Ok(Some(first)) => now_ms - first >= self.cfg.train_after.as_millis() as i64,
-                _ => false,
+            if self.first_data_ms.is_none() {
+                self.first_data_ms = store.earliest_ts().ok().flatten();
             }
+            self.first_data_ms.is_some_and(|first| now_ms - first >= self.cfg.train_after.as_millis() as i64)
         }
 
         fn publish(&self, now_ms: Option<i64>) {
@@ -321,27 +380,45 @@ mod trainer {
                 if let Some(now) = now_ms {
                     live.model_age_seconds
                         .get_or_create(&origin)
-                        .set((now - r.trained_until_ms) as f64 / 1e3);
+                        .set((now - r.trained_until_ms).max(0) as f64 / 1e3);
                 }
             } else {
                 live.model_age_seconds.clear();
             }
         }
 
+        /// Logs, counts and keeps an outcome, and saves the schedule.
         fn finish(&mut self, started_ms: i64, outcome: &str, detail: String) {
             match outcome {
                 "accepted" => tracing::info!("LSTM-AE training: {detail}"),
                 _ => tracing::warn!("LSTM-AE training {outcome}: {detail}"),
             }
             self.live.model_trainings.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
-            self.last_outcome = Some(TrainingOutcome { started_ms, outcome: outcome.into(), detail });
+            self.schedule.recent.insert(0, TrainingOutcome { started_ms, outcome: outcome.into(), detail });
+            self.schedule.recent.truncate(RECENT);
+            let path = self.dir.join(SCHEDULE);
+            let saved = serde_json::to_string_pretty(&self.schedule)
+                .map_err(std::io::Error::other)
+                .and_then(|text| std::fs::write(&path, text));
+            if let Err(e) = saved {
+                tracing::warn!(
+                    "LSTM-AE: cannot save {} ({e}); a restart may train again at once",
+                    path.display()
+                );
+            }
         }
 
-        /// Writes the training data and starts `omen-worker train` on a thread of its own.
+        /// Writes the training data and starts `omen-worker train` in a process of its own,
+        /// watched by a thread that kills it after `model.train_timeout`.
         fn spawn(&self, now_ms: i64, store: &Store) -> Result<Job> {
             let data = self.dir.join(TRAINING_DATA);
             let (series, rows) = self.export(now_ms, store, &data)?;
             tracing::info!(series, rows, "LSTM-AE: training a candidate model on the store's newest data");
+            let candidate = self.dir.join(format!("lstm-ae.candidate-{now_ms}.ot"));
+            let report_path = record_path(&candidate);
+            let log_path = self.dir.join(TRAINING_LOG);
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("model.dir: cannot write {}", log_path.display()))?;
             let mut cmd = std::process::Command::new(&self.program);
             cmd.arg("train")
                 .arg("--data")
@@ -350,77 +427,59 @@ mod trainer {
                 .args(["--train-fraction", &format!("{}", 1.0 - self.cfg.holdout)])
                 .args(["--epochs", &self.cfg.epochs.to_string(), "--threads", "1", "--no-progress"])
                 .arg("--out")
-                .arg(self.dir.join(CANDIDATE))
+                .arg(&candidate)
                 .arg("--report")
-                .arg(record_path(&self.dir.join(CANDIDATE)));
+                .arg(&report_path)
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
             let program = self.program.clone();
-            let report_path = record_path(&self.dir.join(CANDIDATE));
-            // No stale candidate may pass for this training's.
-            for stale in [self.dir.join(CANDIDATE), report_path.clone()] {
-                let _ = std::fs::remove_file(stale);
-            }
-            // The worker's output goes to a log beside the models (its last lines explain a failure).
-            let log_path = self.dir.join(TRAINING_LOG);
-            let log = std::fs::File::create(&log_path)
-                .with_context(|| format!("model.dir: cannot write {}", log_path.display()))?;
-            cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
-            let child =
-                cmd.spawn().with_context(|| format!("cannot run {} (worker.path)", program.display()))?;
-            let child = Arc::new(std::sync::Mutex::new(child));
+            let child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&data);
+                    return Err(e).with_context(|| format!("cannot run {} (worker.path)", program.display()));
+                }
+            };
+            let child = Arc::new(Mutex::new(child));
             let (tx, done) = mpsc::channel();
-            let running = child.clone();
+            let (running, timeout) = (child.clone(), self.cfg.train_timeout);
             std::thread::Builder::new().name("omen-model-training".into()).spawn(move || {
-                let result = (|| -> Result<TrainReport> {
-                    // Polled, so that the trainer can kill the child while this thread waits.
-                    let status = loop {
-                        if let Some(status) = running.lock().unwrap_or_else(|e| e.into_inner()).try_wait()? {
-                            break status;
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    };
-                    if !status.success() {
-                        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                        let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                        let tail: Vec<&str> = tail.into_iter().rev().collect();
-                        bail!(
-                            "{} train exited with {status}: {} (log: {})",
-                            program.display(),
-                            tail.join(" / "),
-                            log_path.display()
-                        );
-                    }
-                    let text = std::fs::read_to_string(&report_path)
-                        .with_context(|| format!("the worker wrote no report {}", report_path.display()))?;
-                    serde_json::from_str(&text)
-                        .with_context(|| format!("{}: not a training report", report_path.display()))
-                })();
+                let result = watch(&running, timeout, &program, &log_path, &report_path);
+                let _ = std::fs::remove_file(&data);
                 let _ = tx.send(result);
             })?;
-            Ok(Job { started_ms: now_ms, until_ms: now_ms, done, child })
+            Ok(Job { started_ms: now_ms, candidate, done, child })
         }
 
         /// The newest `train_window` of every `signals` series with data in at least half of
-        /// its steps (at most `max_series`, those with the most data), as a JSONL trace.
+        /// the steps, both of the whole window and of its held-back part (a series that went
+        /// silent would never be scored live), at most `max_series` of them (those with the
+        /// most data), as a JSONL trace of per-step means.
         fn export(&self, now_ms: i64, store: &Store, path: &Path) -> Result<(usize, usize)> {
             let step_ms = (self.step.as_millis() as i64).max(1);
             let earliest = store.earliest_ts()?.unwrap_or(now_ms);
             let since = (now_ms - self.cfg.train_window.as_millis() as i64).max(earliest);
+            let held_back_from = now_ms - ((now_ms - since) as f64 * self.cfg.holdout) as i64;
             // Minute aggregates cover the whole window; raw samples are needed below a minute.
             let resolution = if step_ms < 60_000 { Resolution::Raw } else { Resolution::Minute };
             let steps = ((now_ms - since) / step_ms).max(1) as usize;
+            let held_back_steps = ((now_ms - held_back_from) / step_ms).max(1) as usize;
             let mut chosen = Vec::new();
             for signal in &self.cfg.signals {
                 for s in store.range(signal, &BTreeMap::new(), since, now_ms + 1, step_ms, resolution)? {
-                    if s.points.len() * 2 >= steps {
+                    let recent = s.points.iter().filter(|p| p.0 >= held_back_from).count();
+                    if s.points.len() * 2 >= steps && recent * 2 >= held_back_steps {
                         chosen.push((signal.clone(), s));
                     }
                 }
             }
             if chosen.is_empty() {
                 bail!(
-                    "the store has no data of model.signals {:?} in the last {}; name signals the agent receives",
+                    "the store has no series of model.signals {:?} with data in most of the last {} \
+                     (and of its held-back part); name signals the agent receives",
                     self.cfg.signals,
-                    humantime::format_duration(self.cfg.train_window)
+                    humantime::format_duration(Duration::from_millis((now_ms - since) as u64))
                 );
             }
             chosen.sort_by_key(|c| std::cmp::Reverse(c.1.points.len()));
@@ -470,9 +529,15 @@ mod trainer {
                 }
             };
             let job = self.job.take().expect("checked above");
-            let report = match result {
+            let outcome = result.and_then(|report| {
+                let crc32 = crc32(&job.candidate)
+                    .with_context(|| format!("cannot read {}", job.candidate.display()))?;
+                Ok((report, crc32))
+            });
+            let (report, crc32) = match outcome {
                 Ok(r) => r,
                 Err(e) => {
+                    remove_model(&job.candidate);
                     self.finish(job.started_ms, "failed", format!("{e:#}"));
                     return None;
                 }
@@ -480,36 +545,38 @@ mod trainer {
             let validation = match judge(&report, self.cfg.max_alarm_rate) {
                 Ok(v) => v,
                 Err(why) => {
+                    remove_model(&job.candidate);
                     self.finish(job.started_ms, "refused", format!("candidate refused: {why}"));
                     return None;
                 }
             };
             let record = ModelRecord {
-                trained_until_ms: job.until_ms,
+                trained_until_ms: job.started_ms,
                 started_ms: job.started_ms,
+                crc32,
                 validation,
                 report,
             };
-            match self.swap_in(&record) {
+            match swap_in(&self.dir, &job.candidate, &record, |path| {
+                LiveModel::load(self.worker.clone(), path, self.cfg.threads, "model.dir")
+            }) {
                 Ok(model) => {
                     let v = &record.validation;
-                    self.finish(
-                        job.started_ms,
-                        "accepted",
-                        format!(
-                            "candidate accepted and in use: {} inputs, {} training rows, alarms on {} of {} held-back windows ({:.2}%)",
-                            record.report.columns.len(),
-                            record.report.train_rows,
-                            v.alarms,
-                            v.windows,
-                            100.0 * v.alarm_rate
-                        ),
+                    let detail = format!(
+                        "candidate accepted and in use: {} inputs, {} training rows, alarms on {} of {} held-back windows ({:.2}%)",
+                        record.report.columns.len(),
+                        record.report.train_rows,
+                        v.alarms,
+                        v.windows,
+                        100.0 * v.alarm_rate
                     );
+                    self.finish(job.started_ms, "accepted", detail);
                     self.inputs = model.sources().to_vec();
                     self.current = Some(record);
                     Some(model)
                 }
                 Err(e) => {
+                    remove_model(&job.candidate);
                     self.finish(
                         job.started_ms,
                         "failed",
@@ -519,28 +586,93 @@ mod trainer {
                 }
             }
         }
+    }
 
-        /// Candidate -> current (current -> previous), then loads it; rolls back on failure.
-        fn swap_in(&self, record: &ModelRecord) -> Result<LiveModel> {
-            let (candidate, current, previous) =
-                (self.dir.join(CANDIDATE), self.dir.join(CURRENT), self.dir.join(PREVIOUS));
-            std::fs::write(record_path(&candidate), serde_json::to_string_pretty(record)?)?;
-            let had_current = current.exists();
-            if had_current {
-                rename_model(&current, &previous)?;
+    /// Waits for the training process (killing it after `timeout`) and reads its report.
+    fn watch(
+        child: &Mutex<std::process::Child>,
+        timeout: Duration,
+        program: &Path,
+        log_path: &Path,
+        report_path: &Path,
+    ) -> Result<TrainReport> {
+        let started = Instant::now();
+        // Polled, so that the trainer can kill the child while this thread waits.
+        let status = loop {
+            let mut c = child.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(status) = c.try_wait()? {
+                break status;
             }
-            rename_model(&candidate, &current)?;
-            match LiveModel::load(self.worker.clone(), &current, self.cfg.threads) {
-                Ok(m) => Ok(m),
-                Err(e) => {
-                    rename_model(&current, &candidate)?;
-                    if had_current {
-                        rename_model(&previous, &current)?;
-                        // The worker keeps the model it had; loading it again restores its state.
-                        let _ = LiveModel::load(self.worker.clone(), &current, self.cfg.threads);
-                    }
-                    Err(e.context("the model worker could not load it; the previous model stays in use"))
-                }
+            if started.elapsed() > timeout {
+                let _ = c.kill();
+                let _ = c.wait();
+                bail!(
+                    "the training ran longer than model.train_timeout ({}) and was killed; raise it, or lower \
+                     model.train_window or model.epochs",
+                    humantime::format_duration(timeout)
+                );
+            }
+            drop(c);
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !status.success() {
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
+            let mut tail: Vec<&str> = log.lines().rev().take(3).collect();
+            tail.reverse();
+            bail!(
+                "{} train exited with {status}: {} (log: {})",
+                program.display(),
+                tail.join(" / "),
+                log_path.display()
+            );
+        }
+        let text = std::fs::read_to_string(report_path)
+            .with_context(|| format!("the worker wrote no report {}", report_path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a training report", report_path.display()))
+    }
+
+    /// Makes `candidate` the current model: the current one is linked to `lstm-ae.previous.ot`
+    /// first, so that `lstm-ae.ot` always exists (a worker restart replays its load), and the
+    /// candidate is renamed over it in one step. `load` then loads it into the worker; when it
+    /// fails, the previous model is renamed back (the worker kept it loaded) and the error says so.
+    pub(super) fn swap_in<M>(
+        dir: &Path,
+        candidate: &Path,
+        record: &ModelRecord,
+        load: impl FnOnce(&Path) -> Result<M>,
+    ) -> Result<M> {
+        let (current, previous) = (dir.join(CURRENT), dir.join(PREVIOUS));
+        std::fs::write(record_path(candidate), serde_json::to_string_pretty(record)?)?;
+        let had_current = current.exists();
+        if had_current {
+            remove_model(&previous);
+            if std::fs::hard_link(&current, &previous).is_err() {
+                std::fs::copy(&current, &previous)?;
+            }
+            if record_path(&current).exists() {
+                std::fs::copy(record_path(&current), record_path(&previous))?;
+            }
+        }
+        // The file first: a crash between the two renames leaves a record whose CRC does not
+        // match, which start-up detects (the file is moved aside and a model trained again).
+        std::fs::rename(candidate, &current)?;
+        std::fs::rename(record_path(candidate), record_path(&current))?;
+        match load(&current) {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                let undone = if had_current {
+                    std::fs::rename(&previous, &current)
+                        .and_then(|()| std::fs::rename(record_path(&previous), record_path(&current)))
+                } else {
+                    std::fs::remove_file(&current).and_then(|()| std::fs::remove_file(record_path(&current)))
+                };
+                let state = match (had_current, undone) {
+                    (true, Ok(())) => "the previous model stays in use".to_owned(),
+                    (false, Ok(())) => "no model is in use".to_owned(),
+                    (_, Err(u)) => format!("and undoing the swap failed too ({u}); check {}", dir.display()),
+                };
+                Err(e.context(format!("the model worker could not load it; {state}")))
             }
         }
     }
@@ -620,7 +752,8 @@ mod tests {
             "{}",
             last.detail
         );
-        assert_eq!(s.next_training_ms, Some(2 * 86_400_000));
+        // A failure is retried after an hour (retrain_every when shorter).
+        assert_eq!(s.next_training_ms, Some(86_400_000 + 3_600_000));
         // Data present, but the worker binary missing: the failure names it.
         let dir = tempfile::tempdir().unwrap();
         let (mut t, store) = trainer(dir.path(), &["a"], "/nonexistent/omen-worker");
@@ -631,10 +764,64 @@ mod tests {
             "{}",
             last.detail
         );
-        assert!(dir.path().join("models").join(TRAINING_DATA).is_file());
-        // Nothing is retried before model.retrain_every.
+        assert!(!dir.path().join("models").join(TRAINING_DATA).exists(), "the training data is removed");
+        // Nothing is retried within the hour; then it is, and both failures are listed.
+        assert!(t.tick(86_400_000 + 1_800_000, &store).is_none());
+        assert_eq!(t.status(0).recent_trainings.len(), 1);
         assert!(t.tick(86_400_000 + 3_600_000, &store).is_none());
-        assert_eq!(t.status(0).last_training.unwrap().started_ms, 86_400_000);
+        let recent = t.status(0).recent_trainings;
+        assert_eq!(
+            recent.iter().map(|o| o.started_ms).collect::<Vec<_>>(),
+            [86_400_000 + 3_600_000, 86_400_000]
+        );
+        // The schedule survives a restart: no training at once.
+        drop((t, store));
+        let (t, _store) = trainer(dir.path(), &["a"], "/nonexistent/omen-worker");
+        assert_eq!(t.status(0).recent_trainings.len(), 2);
+        assert_eq!(t.status(0).next_training_ms, Some(86_400_000 + 2 * 3_600_000));
+    }
+
+    #[cfg(feature = "lstm")]
+    #[test]
+    fn a_swap_the_worker_cannot_load_is_undone() {
+        use trainer::{crc32, record_path, swap_in, ModelRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let record = |crc| ModelRecord {
+            trained_until_ms: 1,
+            started_ms: 1,
+            crc32: crc,
+            validation: judge(&report(100, 0), 0.05).unwrap(),
+            report: report(100, 0),
+        };
+        std::fs::write(d.join(CURRENT), b"old model").unwrap();
+        let old = serde_json::to_string(&record(crc32(&d.join(CURRENT)).unwrap())).unwrap();
+        std::fs::write(d.join("lstm-ae.json"), old).unwrap();
+        let candidate = d.join("lstm-ae.candidate-5.ot");
+        std::fs::write(&candidate, b"new model").unwrap();
+        let rec = record(crc32(&candidate).unwrap());
+        // The worker refuses it: the old model is current again, named as staying in use.
+        let e = swap_in(d, &candidate, &rec, |_| -> anyhow::Result<()> { anyhow::bail!("bad file") })
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("the previous model stays in use"), "{e:#}");
+        assert_eq!(std::fs::read(d.join(CURRENT)).unwrap(), b"old model");
+        let kept = std::fs::read_to_string(record_path(&d.join(CURRENT))).unwrap();
+        let kept: ModelRecord = serde_json::from_str(&kept).unwrap();
+        assert_eq!(kept.crc32, crc32(&d.join(CURRENT)).unwrap());
+        // Loaded: the candidate is current, the old model previous, each with its record.
+        std::fs::write(&candidate, b"new model").unwrap();
+        let seen = swap_in(d, &candidate, &rec, |p| Ok(std::fs::read(p).unwrap())).unwrap();
+        assert_eq!(seen, b"new model");
+        assert_eq!(std::fs::read(d.join(PREVIOUS)).unwrap(), b"old model");
+        assert!(record_path(&d.join(PREVIOUS)).is_file() && !candidate.exists());
+        // Without a model before, a refused load leaves none.
+        let dir = tempfile::tempdir().unwrap();
+        let candidate = dir.path().join("lstm-ae.candidate-6.ot");
+        std::fs::write(&candidate, b"new model").unwrap();
+        let e = swap_in(dir.path(), &candidate, &rec, |_| -> anyhow::Result<()> { anyhow::bail!("bad") })
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("no model is in use"), "{e:#}");
+        assert!(!dir.path().join(CURRENT).exists());
     }
 
     #[test]

@@ -217,8 +217,11 @@ fn attach_model(
     {
         let worker = worker.context("model: no model worker was started")?.clone();
         let Some(path) = &m.path else {
-            // Event time outruns training only when a trace is replayed as fast as possible.
-            let wait = cfg.sources.trace.as_ref().is_some_and(|t| t.speed == 0.0);
+            // Event time outruns training only when a trace is replayed as fast as possible;
+            // beside live sources the pipeline must not wait.
+            let wait = cfg.sources.trace.as_ref().is_some_and(|t| t.speed == 0.0)
+                && cfg.sources.canary.is_none()
+                && cfg.sources.server_metrics.is_none();
             let program = crate::worker::find_program(cfg.worker.path.as_deref()).context("worker.path")?;
             let (trainer, model) = crate::model_training::AutoTrainer::start(
                 m,
@@ -241,7 +244,7 @@ fn attach_model(
             engine.set_trainer(trainer);
             return Ok(());
         };
-        let model = crate::lstm_live::LiveModel::load(worker, path, m.threads)?;
+        let model = crate::lstm_live::LiveModel::load(worker, path, m.threads, "model.path")?;
         info!(
             path = %path.display(),
             sources = model.sources().len(),

@@ -90,6 +90,14 @@ async fn the_agent_trains_validates_and_swaps_its_own_model_during_a_replay() {
     assert!(v["windows"].as_u64().unwrap() > 100, "{v}");
     assert!(v["alarm_rate"].as_f64().unwrap() <= 0.05, "{v}");
     assert!(model["age_seconds"].as_f64().unwrap() >= 86_000.0, "{model:#}");
+    // Newest first: day 6 and day 4 accepted, day 2 refused for the disturbed held-back hours.
+    let recent = model["recent_trainings"].as_array().unwrap();
+    let outcomes: Vec<&str> = recent.iter().map(|o| o["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["accepted", "accepted", "refused"], "{model:#}");
+    let refused = recent[2]["detail"].as_str().unwrap();
+    assert!(refused.contains("held-back windows") && refused.contains("model.max_alarm_rate"), "{refused}");
+    let rate: f64 = refused.split('(').nth(1).unwrap().split('%').next().unwrap().parse().unwrap();
+    assert!(rate > 10.0, "the disturbance alarms on far more than the bound: {refused}");
 
     let metrics = get(&c, format!("{base}/metrics")).await;
     assert_eq!(metric(&metrics, "omen_model_trainings_total{outcome=\"refused\"}"), Some(1.0), "{metrics}");
@@ -100,13 +108,21 @@ async fn the_agent_trains_validates_and_swaps_its_own_model_during_a_replay() {
     agent.stop().await.unwrap();
 
     let models = dir.path().join("models");
-    for f in ["lstm-ae.ot", "lstm-ae.json", "lstm-ae.previous.ot", "lstm-ae.previous.json"] {
-        assert!(
-            models.join(f).is_file(),
-            "{f} missing in {:?}",
-            std::fs::read_dir(&models).unwrap().collect::<Vec<_>>()
-        );
-    }
+    let mut files: Vec<String> =
+        std::fs::read_dir(&models).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    files.sort();
+    // No candidate and no training data left behind; the last training's log is kept.
+    assert_eq!(
+        files,
+        [
+            "lstm-ae.json",
+            "lstm-ae.ot",
+            "lstm-ae.previous.json",
+            "lstm-ae.previous.ot",
+            "schedule.json",
+            "training.log"
+        ]
+    );
 
     // A restart uses the trained model at once, without training.
     let agent = omen_agent::run::start(config(dir.path(), None)).await.unwrap();

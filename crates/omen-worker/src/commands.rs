@@ -120,17 +120,23 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// Rows before the held-back ones that the feature builder is given for its history.
+const FEATURE_HISTORY: usize = 256;
+
 /// The figures of `model`, trained on the first `take` of `rows`, with its alarms on the
 /// windows that end in the rows after them.
 fn train_report(model: &LstmAutoencoder, rows: &[Vec<f64>], take: usize) -> Result<TrainReport> {
     let w = model.window();
     let (mut windows, mut alarms) = (0, 0);
     if take < rows.len() {
-        // Start early enough that the first window ends on the first held-back row.
-        let from = take.saturating_sub(w - 1);
-        for e in model.score_series(&rows[from..])?.into_iter().flatten() {
-            windows += 1;
-            alarms += usize::from(model.severity(e) >= 0.6);
+        // Start early enough that the first held-back window is full and its derived
+        // features (diff, mean:N, std:N) have their history; count windows ending after `take`.
+        let from = take.saturating_sub(w - 1 + FEATURE_HISTORY);
+        for (i, e) in model.score_series(&rows[from..])?.into_iter().enumerate() {
+            if let (true, Some(e)) = (from + i >= take, e) {
+                windows += 1;
+                alarms += usize::from(model.severity(e) >= 0.6);
+            }
         }
     }
     let t = &model.meta.training;

@@ -159,6 +159,7 @@ impl Engine {
                 inputs: m.sources().to_vec(),
                 validation: None,
                 last_training: None,
+                recent_trainings: Vec::new(),
                 next_training_ms: None,
             })
         }
