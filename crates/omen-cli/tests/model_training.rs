@@ -143,3 +143,57 @@ async fn the_agent_trains_validates_and_swaps_its_own_model_during_a_replay() {
         .collect();
     assert_eq!(aside.len(), 2, "the file and its record moved aside: {aside:?}");
 }
+
+/// Live: samples pushed over HTTP, the training runs beside the pipeline (no waiting), and
+/// the accepted model is swapped in at a later tick while pushes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_the_training_runs_beside_the_pipeline_and_the_model_joins_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = omen_agent::run::start(config(dir.path(), None)).await.unwrap();
+    let base = format!("http://{}", agent.api_addr);
+    let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let hour = |h: i64| -> Value {
+        let samples: Vec<Value> = (h * 60..(h + 1) * 60)
+            .flat_map(|m| {
+                let ts = T0 + m * MINUTE;
+                let phase = (m % 1440) as f64 / 1440.0 * std::f64::consts::TAU;
+                [
+                    serde_json::json!({"ts_ms": ts, "signal": "kv_fragmentation", "labels": {"layer": "0"},
+                        "value": 1.5 + 0.3 * phase.sin() + 0.1 * noise(m, 1)}),
+                    serde_json::json!({"ts_ms": ts, "signal": "tle_bits", "value": 2.0 + 0.5 * phase.cos() + 0.2 * noise(m, 2)}),
+                ]
+            })
+            .collect();
+        serde_json::json!({ "samples": samples })
+    };
+    let push = |h: i64| {
+        let (c, base, body) = (c.clone(), base.clone(), hour(h));
+        async move {
+            let r = c.post(format!("{base}/v1/ingest/samples")).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        }
+    };
+    for h in 0..=48 {
+        push(h).await;
+    }
+    // Day 2 has passed: the training started and runs while the pipeline goes on.
+    let latest: Value = serde_json::from_str(&get(&c, format!("{base}/scores/latest")).await).unwrap();
+    assert_eq!(latest["health"]["model"]["state"], "training", "{:#}", latest["health"]["model"]);
+    let mut state = Value::Null;
+    for h in 49..49 + 24 * 4 {
+        push(h).await;
+        let latest: Value = serde_json::from_str(&get(&c, format!("{base}/scores/latest")).await).unwrap();
+        state = latest["health"]["model"].clone();
+        if state["state"] == "active" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(state["state"], "active", "{state:#}");
+    assert_eq!(state["last_training"]["outcome"], "accepted", "{state:#}");
+    // Trained on the data up to its start (the tick of the push that crossed day 2: a batch
+    // ticks at its newest sample), and joined later.
+    assert_eq!(state["trained_until_ms"], T0 + 2 * DAY + 59 * MINUTE, "{state:#}");
+    assert!(state["age_seconds"].as_f64().unwrap() > 0.0, "{state:#}");
+    agent.stop().await.unwrap();
+}
