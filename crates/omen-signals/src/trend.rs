@@ -188,10 +188,18 @@ fn absolute_deviation(values: &[f64]) -> f64 {
 /// A step (a deploy, a restart that frees a leak) then starts a new regime, and so does the
 /// point where a trend that bends (accelerates or levels off) leaves its earlier line.
 pub fn current_regime_start(x: &[f64], y: &[f64]) -> usize {
-    let none = 0;
+    match best_split(x, y) {
+        Some((split, statistic)) if statistic > REGIME_SHIFT_CRITICAL => split,
+        _ => 0,
+    }
+}
+
+/// The split of [`current_regime_start`] and its statistic, significant or not; None for a
+/// series too short or not ordered by x.
+fn best_split(x: &[f64], y: &[f64]) -> Option<(usize, f64)> {
     let n = x.len();
     if n != y.len() || n < 2 * REGIME_MIN_SIDE || x.windows(2).any(|w| w[1] <= w[0]) {
-        return none;
+        return None;
     }
     let changes: Vec<f64> = y.windows(2).map(|w| w[1] - w[0]).collect();
     let daily: Vec<f64> = x.windows(2).zip(&changes).map(|(w, dy)| dy / (w[1] - w[0])).collect();
@@ -203,7 +211,7 @@ pub fn current_regime_start(x: &[f64], y: &[f64]) -> usize {
     let magnitude = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let sigma = (1.4826 * median(&spread) / std::f64::consts::SQRT_2).max(1e-9 * magnitude).max(1e-12);
     if !(sigma.is_finite() && slope.is_finite()) {
-        return none;
+        return None;
     }
     let residuals: Vec<f64> = x.iter().zip(y).map(|(&xi, &yi)| yi - slope * xi).collect();
     let split = (REGIME_MIN_SIDE..=n - REGIME_MIN_SIDE)
@@ -211,12 +219,68 @@ pub fn current_regime_start(x: &[f64], y: &[f64]) -> usize {
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map_or(0, |(_, k)| k);
     let shift = median(&residuals[split..]) - median(&residuals[..split]);
-    let statistic = shift.abs() / sigma * ((split * (n - split)) as f64 / n as f64).sqrt();
-    if statistic > REGIME_SHIFT_CRITICAL {
-        split
-    } else {
-        none
+    Some((split, shift.abs() / sigma * ((split * (n - split)) as f64 / n as f64).sqrt()))
+}
+
+/// Where every regime of a daily series starts, in order (0 first): binary segmentation by
+/// [`current_regime_start`]'s test, each side of a significant shift searched again.
+pub fn regime_starts(x: &[f64], y: &[f64]) -> Vec<usize> {
+    fn split(x: &[f64], y: &[f64], offset: usize, out: &mut Vec<usize>) {
+        let k = current_regime_start(x, y);
+        if k == 0 {
+            return;
+        }
+        split(&x[..k], &y[..k], offset, out);
+        out.push(offset + k);
+        split(&x[k..], &y[k..], offset + k, out);
     }
+    let mut out = vec![0];
+    if x.len() != y.len() {
+        return out;
+    }
+    split(x, y, 0, &mut out);
+    // With three or more levels one split of the whole can fall beside a step (two medians
+    // fit a staircase equally well at several places); each boundary is placed again
+    // between its neighbours, where it is the only step.
+    for i in 1..out.len() {
+        let (lo, hi) = (out[i - 1], out.get(i + 1).copied().unwrap_or(x.len()));
+        if let Some((k, _)) = best_split(&x[lo..hi], &y[lo..hi]) {
+            out[i] = lo + k;
+        }
+    }
+    out
+}
+
+/// Resets seen before the next one is counted on: two complete cycles show a rhythm, one
+/// (a restart and a second one) may be chance.
+const MIN_RESETS: usize = 3;
+
+/// Most a cycle may differ from the shortest one for resets to count as regular.
+const RESET_CYCLE_SPREAD: f64 = 1.5;
+
+/// Days from the latest reset to the next one when a series is reset regularly, as a leak
+/// that periodic restarts free: the regimes of [`regime_starts`] that begin with a shift
+/// away from the breach (a reset), at least two complete cycles between resets, the longest
+/// at most 1.5 times the shortest, and the current regime begun by a reset. Returns
+/// (typical cycle in days, day of the latest reset); None for a series without such resets.
+pub fn reset_cycle(x: &[f64], y: &[f64], direction: BreachDirection) -> Option<(f64, f64)> {
+    let starts = regime_starts(x, y);
+    let is_reset = |b: usize| {
+        let (before, after) = (median(&y[b.saturating_sub(2)..b]), median(&y[b..(b + 2).min(y.len())]));
+        match direction {
+            BreachDirection::Above => after < before,
+            BreachDirection::Below => after > before,
+        }
+    };
+    let resets: Vec<usize> = starts[1..].iter().copied().filter(|&b| is_reset(b)).collect();
+    let latest = *starts.last()?;
+    if resets.last() != Some(&latest) || resets.len() < MIN_RESETS {
+        return None;
+    }
+    let cycles: Vec<f64> = resets.windows(2).map(|w| x[w[1]] - x[w[0]]).collect();
+    let (shortest, longest) =
+        cycles.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &c| (lo.min(c), hi.max(c)));
+    (longest <= RESET_CYCLE_SPREAD * shortest).then(|| (median(&cycles), x[latest]))
 }
 
 /// Days in a week; a day's weekday is its day number since the epoch modulo this.
@@ -557,6 +621,41 @@ mod tests {
         // Too short, or unordered: no split.
         assert_eq!(current_regime_start(&x[..5], &[1.0, 1.0, 1.0, 5.0, 5.0]), 0);
         assert_eq!(current_regime_start(&[3.0, 2.0, 1.0, 4.0, 5.0, 6.0], &[1.0; 6]), 0);
+    }
+
+    /// A leak of `rate` a day that a restart frees every `every` days, from day 0.
+    fn sawtooth(days: usize, every: usize, rate: f64, seed: u64) -> (Vec<f64>, Vec<f64>) {
+        let x: Vec<f64> = (0..days).map(|i| 20_000.5 + i as f64).collect();
+        let y = (0..days).map(|i| 10.0 - rate * (i % every) as f64 + 0.02 * noise(i, seed)).collect();
+        (x, y)
+    }
+
+    #[test]
+    fn regular_restarts_give_their_cycle_and_a_leak_or_a_step_none() {
+        for seed in 0..20 {
+            // Headroom falls with the leak and jumps back at each restart (a breach below).
+            let (x, y) = sawtooth(28, 7, 0.6, seed);
+            assert_eq!(regime_starts(&x, &y), [0, 7, 14, 21], "seed {seed}");
+            let (cycle, latest) = reset_cycle(&x, &y, BreachDirection::Below).unwrap();
+            assert_eq!((cycle, latest), (7.0, x[21]), "seed {seed}");
+            // The same shape read as a breach above: the jumps move towards it, not resets.
+            assert_eq!(reset_cycle(&x, &y, BreachDirection::Above), None);
+            // A plain leak, and a leak with one restart (one cycle is no rhythm): none.
+            let leak: Vec<f64> = (0..28).map(|i| 10.0 - 0.3 * i as f64 + 0.02 * noise(i, seed)).collect();
+            assert_eq!(reset_cycle(&x, &leak, BreachDirection::Below), None);
+            let (x2, y2) = sawtooth(28, 14, 0.3, seed);
+            assert_eq!(reset_cycle(&x2, &y2, BreachDirection::Below), None, "seed {seed}");
+        }
+        // Restarts at irregular times (3 and 9 days apart) are no cycle to count on.
+        let x: Vec<f64> = (0..28).map(|i| 20_000.5 + i as f64).collect();
+        let resets = [4usize, 7, 16, 19];
+        let y: Vec<f64> = (0..28)
+            .map(|i| {
+                let since = resets.iter().filter(|&&r| r <= i).max().map_or(i, |&r| i - r);
+                10.0 - 0.5 * since as f64 + 0.02 * noise(i, 3)
+            })
+            .collect();
+        assert_eq!(reset_cycle(&x, &y, BreachDirection::Below), None);
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 use omen_signals::{
-    breach_interval, catalogue, current_regime_start, days_to_breach, residual_scale, theil_sen,
-    trailing_worst, BreachDirection, WeeklyProfile,
+    breach_interval, catalogue, current_regime_start, days_to_breach, reset_cycle, residual_scale, theil_sen,
+    trailing_worst, BreachDirection, WeeklyProfile, WARNING_MARGIN_DAYS,
 };
 use omen_sources::Sample;
 use serde::{Deserialize, Serialize};
@@ -76,6 +76,10 @@ pub struct SloForecast {
     /// The trend follows the last `forecast.recent_days`, which move towards the breach
     /// significantly faster than the regime's line (an accelerating drift).
     pub accelerating: bool,
+    /// Days until the next reset when the indicator is reset regularly (a leak that
+    /// periodic restarts free, see `omen_signals::reset_cycle`); a breach forecast beyond
+    /// it (plus a day) does not warn. `None` without such resets, or once one is overdue.
+    pub reset_expected_in_days: Option<f64>,
     /// The current early warning: when it started and what it said then; `None` without one.
     pub warned: Option<WarnedForecast>,
     /// The daily indicator the trend was fitted to: (day midpoint in days since the epoch,
@@ -86,6 +90,10 @@ pub struct SloForecast {
     #[serde(skip)]
     pub trend: Option<FittedTrend>,
 }
+
+/// A reset later than this many typical cycles is overdue: the resets may have stopped, and
+/// the forecast no longer counts on the next one.
+const RESET_OVERDUE: f64 = 1.25;
 
 /// An early warning as it stood when it started. Kept in the store (meta
 /// [`WARNINGS_META_KEY`]) so that a restarted agent goes on with the same warning: its start
@@ -199,6 +207,7 @@ impl Engine {
                 days_to_breach_lower: None,
                 early_warning: false,
                 accelerating: false,
+                reset_expected_in_days: None,
                 warned: None,
                 daily: raw.clone(),
                 trend: None,
@@ -214,6 +223,8 @@ impl Engine {
             let threshold = scale.apply(slo.threshold);
             let direction = if scale == TrendScale::Reciprocal { direction.flipped() } else { direction };
             let (mut x, mut y): (Vec<f64>, Vec<f64>) = points.into_iter().unzip();
+            // Regular resets (restarts freeing a leak) are read from the whole lookback.
+            let resets = if f.regimes { reset_cycle(&x, &y, direction) } else { None };
             // The current regime only: the days before a significant level shift are left
             // out, and a new regime is forecast once it has min_days of its own.
             if f.regimes {
@@ -271,6 +282,18 @@ impl Engine {
                     fc.days_to_breach_lower = lower;
                     fc.days_to_breach_upper = b.latest_days.and(upper);
                     fc.early_warning = b.warns(f.horizon_days);
+                    // A breach that the next regular reset would come before is no breach,
+                    // while the resets keep their rhythm (not overdue).
+                    if let Some((cycle, reset_day)) = resets {
+                        let age = now_day - reset_day;
+                        if age <= RESET_OVERDUE * cycle {
+                            let next = (cycle - age).max(0.0);
+                            fc.reset_expected_in_days = Some(next);
+                            if b.days_to_breach.is_some_and(|d| d > next + WARNING_MARGIN_DAYS) {
+                                fc.early_warning = false;
+                            }
+                        }
+                    }
                     fc.trend = Some(FittedTrend {
                         from_day: x[0],
                         now_day,
@@ -668,6 +691,52 @@ mod tests {
         let kv = e("forecast: {min_days: 7, regimes: false}\n");
         assert_eq!(kv.days, 24, "{kv:?}");
         assert!(kv.slope_per_day.unwrap() > 0.005, "{kv:?}");
+    }
+
+    /// KV usage rising 3.5 points a day and reset by a restart every 7 days while
+    /// `restarts_until` (days) lasts, hourly samples with a daily cycle, for `days` days;
+    /// the forecast of the tick at the end. The restart on day 21 resets to 0.62, the earlier
+    /// ones to 0.55, so that the latest reset is the largest step and the current regime is
+    /// the last cycle alone (as in the vram-leak-restarts trap, where the line of one cycle
+    /// is what warned).
+    fn restarted_leak_forecast(days: i64, restarts_until: i64) -> SloForecast {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "forecast: {min_days: 5, worst_of_days: 1}\n");
+        let t0 = 1_793_577_600_000;
+        for h in 0..(days * 24) {
+            let day = h / 24;
+            let since_reset = if day < restarts_until { day % 7 } else { day - (restarts_until - 1) / 7 * 7 };
+            let base = if day >= 21 { 0.62 } else { 0.55 };
+            let v = base
+                + 0.035 * (since_reset as f64 + (h % 24) as f64 / 24.0)
+                + 0.01 * ((h % 24) as f64 / 24.0 * std::f64::consts::TAU).sin();
+            let labels = [("layer".to_owned(), "0".to_owned())].into();
+            e.process(vec![Sample {
+                ts_ms: t0 + h * 3_600_000,
+                signal: "kvcache_usage_ratio".into(),
+                labels,
+                value: v,
+            }])
+            .unwrap();
+        }
+        let s = e.tick(t0 + days * DAY_MS).unwrap();
+        s.forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap()
+    }
+
+    #[test]
+    fn a_leak_that_weekly_restarts_free_is_not_warned_until_the_restarts_stop() {
+        // The last day of the fourth cycle: the line of this week would cross 0.95 in a few
+        // days, but the restart is due tomorrow.
+        let kv = restarted_leak_forecast(28, 28);
+        assert!(kv.days_to_breach.is_some_and(|d| d < 14.0), "{kv:?}");
+        let next = kv.reset_expected_in_days.unwrap_or_else(|| panic!("{kv:?}"));
+        assert!(next <= 1.0, "{kv:?}");
+        assert!(!kv.early_warning, "{kv:?}");
+        // The restart due on day 28 does not come: once it is overdue (past 1.25 cycles) the
+        // leak is forecast as any other, and warned.
+        let kv = restarted_leak_forecast(31, 28);
+        assert_eq!(kv.reset_expected_in_days, None, "{kv:?}");
+        assert!(kv.early_warning, "{kv:?}");
     }
 
     /// TTFT of a queue whose utilisation rises 1.5 points a day from 0.5: 0.2 s / (1 - rho),
