@@ -693,6 +693,18 @@ mod tests {
         assert!(kv.slope_per_day.unwrap() > 0.005, "{kv:?}");
     }
 
+    /// Feeds `hours` hourly samples of `signal{layer="0"}`, valued by `value(hour)`, from the
+    /// start of 2026-11-02; returns that start (ms).
+    fn feed_hourly(e: &mut Engine, signal: &str, hours: i64, value: impl Fn(i64) -> f64) -> i64 {
+        let t0 = 1_793_577_600_000;
+        for h in 0..hours {
+            let labels = [("layer".to_owned(), "0".to_owned())].into();
+            let s = Sample { ts_ms: t0 + h * 3_600_000, signal: signal.into(), labels, value: value(h) };
+            e.process(vec![s]).unwrap();
+        }
+        t0
+    }
+
     /// KV usage rising 3.5 points a day and reset by a restart every 7 days while
     /// `restarts_until` (days) lasts, hourly samples with a daily cycle, for `days` days;
     /// the forecast of the tick at the end. The restart on day 21 resets to 0.62, the earlier
@@ -702,23 +714,13 @@ mod tests {
     fn restarted_leak_forecast(days: i64, restarts_until: i64) -> SloForecast {
         let dir = tempfile::tempdir().unwrap();
         let mut e = engine(dir.path(), "forecast: {min_days: 5, worst_of_days: 1}\n");
-        let t0 = 1_793_577_600_000;
-        for h in 0..(days * 24) {
+        let t0 = feed_hourly(&mut e, "kvcache_usage_ratio", days * 24, |h| {
             let day = h / 24;
             let since_reset = if day < restarts_until { day % 7 } else { day - (restarts_until - 1) / 7 * 7 };
             let base = if day >= 21 { 0.62 } else { 0.55 };
-            let v = base
-                + 0.035 * (since_reset as f64 + (h % 24) as f64 / 24.0)
-                + 0.01 * ((h % 24) as f64 / 24.0 * std::f64::consts::TAU).sin();
-            let labels = [("layer".to_owned(), "0".to_owned())].into();
-            e.process(vec![Sample {
-                ts_ms: t0 + h * 3_600_000,
-                signal: "kvcache_usage_ratio".into(),
-                labels,
-                value: v,
-            }])
-            .unwrap();
-        }
+            base + 0.035 * (since_reset as f64 + (h % 24) as f64 / 24.0)
+                + 0.01 * ((h % 24) as f64 / 24.0 * std::f64::consts::TAU).sin()
+        });
         let s = e.tick(t0 + days * DAY_MS).unwrap();
         s.forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap()
     }
@@ -794,20 +796,10 @@ mod tests {
     fn accelerating_kvf_forecast(forecast: &str) -> SloForecast {
         let dir = tempfile::tempdir().unwrap();
         let mut e = engine(dir.path(), forecast);
-        let t0 = 1_793_577_600_000;
-        for h in 0..(22 * 24) {
-            let day = (h / 24) as f64;
-            let s = (day - 8.0).max(0.0);
-            let v = 1.2 + 0.02 * s * s / 14.0 + 0.003 * ((h * 7919) % 13) as f64 / 13.0;
-            let labels = [("layer".to_owned(), "0".to_owned())].into();
-            e.process(vec![Sample {
-                ts_ms: t0 + h * 3_600_000,
-                signal: "kv_fragmentation".into(),
-                labels,
-                value: v,
-            }])
-            .unwrap();
-        }
+        let t0 = feed_hourly(&mut e, "kv_fragmentation", 22 * 24, |h| {
+            let s = ((h / 24) as f64 - 8.0).max(0.0);
+            1.2 + 0.02 * s * s / 14.0 + 0.003 * ((h * 7919) % 13) as f64 / 13.0
+        });
         e.tick(t0 + 22 * DAY_MS).unwrap().forecasts.into_iter().find(|f| f.slo == "kvf").unwrap()
     }
 
