@@ -75,7 +75,7 @@ pub fn alert_expr(record: &str, direction: Direction, threshold: f64) -> String 
 }
 
 /// A child process killed when dropped.
-struct Killed(Child);
+pub struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -204,8 +204,9 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Starts Prometheus on `tsdb` and waits until it answers ready.
-fn start_prometheus(tools: &PrometheusTools, dir: &Path, tsdb: &Path) -> Result<(Killed, String)> {
+/// Starts Prometheus on loopback over the TSDB `tsdb` (config and log in `dir`) and waits
+/// until it answers ready; returns the server (killed when dropped) and its URL.
+pub fn start_prometheus(tools: &PrometheusTools, dir: &Path, tsdb: &Path) -> Result<(Killed, String)> {
     let config = dir.join("prometheus.yml");
     std::fs::write(&config, "global:\n  scrape_interval: 1m\n")?;
     let port = free_port()?;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,16 +19,6 @@ use serde_json::{json, Value};
 const DAYS: i64 = 20;
 /// Sample spacing, seconds (a 5-minute scrape).
 const STEP_S: i64 = 300;
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -91,7 +81,7 @@ fn openmetrics(series: &[Series]) -> String {
 }
 
 /// promtool creates the blocks, prometheus serves them; returns the server and its URL.
-fn start_prometheus(dir: &Path, series: &[Series]) -> (Killed, String) {
+fn start_prometheus(dir: &Path, series: &[Series]) -> (omen_lab::baseline::Killed, String) {
     let input = dir.join("history.om");
     std::fs::write(&input, openmetrics(series)).unwrap();
     let tsdb = dir.join("tsdb");
@@ -102,35 +92,10 @@ fn start_prometheus(dir: &Path, series: &[Series]) -> (Killed, String) {
         .output()
         .expect("promtool not found: install the Debian package prometheus (make setup does)");
     assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
-    let config = dir.join("prometheus.yml");
-    std::fs::write(&config, "global:\n  scrape_interval: 1m\n").unwrap();
-    let port = free_port();
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--storage.tsdb.retention.time=400d")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus not found: install the Debian package prometheus (make setup does)");
-    let server = Killed(child);
-    let url = format!("http://127.0.0.1:{port}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut s| {
-            let _ = s.write_all(b"GET /-/ready HTTP/1.0\r\n\r\n");
-            let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer);
-            answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
-        });
-        if ready {
-            return (server, url);
-        }
-        assert!(std::time::Instant::now() < deadline, "prometheus at {url} not ready after 60 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // The same starter the predict_linear baseline uses (a blocking client: off the runtime).
+    let tools = omen_lab::baseline::PrometheusTools::default();
+    tokio::task::block_in_place(|| omen_lab::baseline::start_prometheus(&tools, dir, &tsdb))
+        .expect("prometheus")
 }
 
 fn config(dir: &Path, url: &str) -> Config {
