@@ -132,8 +132,8 @@ mod trainer {
     /// The record kept beside a model file (`<file>.json`).
     #[derive(Debug, Clone, Serialize, Deserialize)]
     pub(super) struct ModelRecord {
+        /// The end of its training data (the training's start, event time), ms.
         pub(super) trained_until_ms: i64,
-        pub(super) started_ms: i64,
         /// CRC-32 of the model file, so that a record never describes another file.
         pub(super) crc32: u32,
         pub(super) validation: Validation,
@@ -179,7 +179,6 @@ mod trainer {
         cfg: ModelConfig,
         step: Duration,
         dir: PathBuf,
-        program: PathBuf,
         worker: Arc<Worker>,
         live: Arc<LiveMetrics>,
         wait: bool,
@@ -215,7 +214,6 @@ mod trainer {
             cfg: &ModelConfig,
             step: Duration,
             store_path: &Path,
-            program: PathBuf,
             worker: Arc<Worker>,
             live: Arc<LiveMetrics>,
             wait: bool,
@@ -239,7 +237,6 @@ mod trainer {
                 cfg: cfg.clone(),
                 step,
                 dir,
-                program,
                 worker,
                 live,
                 wait,
@@ -419,7 +416,8 @@ mod trainer {
             let log_path = self.dir.join(TRAINING_LOG);
             let log = std::fs::File::create(&log_path)
                 .with_context(|| format!("model.dir: cannot write {}", log_path.display()))?;
-            let mut cmd = std::process::Command::new(&self.program);
+            let program = self.worker.program().to_owned();
+            let mut cmd = std::process::Command::new(&program);
             cmd.arg("train")
                 .arg("--data")
                 .arg(&data)
@@ -433,7 +431,6 @@ mod trainer {
                 .stdin(std::process::Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
-            let program = self.program.clone();
             let child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => {
@@ -550,13 +547,7 @@ mod trainer {
                     return None;
                 }
             };
-            let record = ModelRecord {
-                trained_until_ms: job.started_ms,
-                started_ms: job.started_ms,
-                crc32,
-                validation,
-                report,
-            };
+            let record = ModelRecord { trained_until_ms: job.started_ms, crc32, validation, report };
             match swap_in(&self.dir, &job.candidate, &record, |path| {
                 LiveModel::load(self.worker.clone(), path, self.cfg.threads, "model.dir")
             }) {
@@ -724,7 +715,6 @@ mod tests {
             &cfg,
             std::time::Duration::from_secs(60),
             &dir.join("omen.db"),
-            program.into(),
             worker,
             live,
             true,
@@ -789,7 +779,6 @@ mod tests {
         let d = dir.path();
         let record = |crc| ModelRecord {
             trained_until_ms: 1,
-            started_ms: 1,
             crc32: crc,
             validation: judge(&report(100, 0), 0.05).unwrap(),
             report: report(100, 0),

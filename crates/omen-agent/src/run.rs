@@ -222,12 +222,10 @@ fn attach_model(
             let wait = cfg.sources.trace.as_ref().is_some_and(|t| t.speed == 0.0)
                 && cfg.sources.canary.is_none()
                 && cfg.sources.server_metrics.is_none();
-            let program = crate::worker::find_program(cfg.worker.path.as_deref()).context("worker.path")?;
             let (trainer, model) = crate::model_training::AutoTrainer::start(
                 m,
                 cfg.health.interval,
                 &cfg.store.path,
-                program,
                 worker,
                 live.clone(),
                 wait,

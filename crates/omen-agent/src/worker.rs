@@ -178,6 +178,11 @@ impl Worker {
         }
     }
 
+    /// The worker binary (what `omen-worker train` runs as, too).
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
     /// The same handle with another shortest time between two starts (default [`RESTART_AFTER`]).
     pub fn with_restart_after(mut self, restart_after: Duration) -> Self {
         self.restart_after = restart_after;

@@ -24,19 +24,26 @@ fn noise(m: i64, series: u64) -> f64 {
     x as f64 / (1u64 << 32) as f64 - 0.5
 }
 
-/// Two series with a daily cycle and noise; `disturbed` minutes are far off.
+/// Minute `m`'s samples of the two series: a daily cycle with noise, KVF moved by `off`.
+fn samples(m: i64, off: f64) -> [Value; 2] {
+    let ts = T0 + m * MINUTE;
+    let phase = (m % 1440) as f64 / 1440.0 * std::f64::consts::TAU;
+    let kvf = 1.5 + 0.3 * phase.sin() + 0.1 * noise(m, 1) + off;
+    let tle = 2.0 + 0.5 * phase.cos() + 0.2 * noise(m, 2);
+    [
+        serde_json::json!({"ts_ms": ts, "signal": "kv_fragmentation", "labels": {"layer": "0"}, "value": kvf}),
+        serde_json::json!({"ts_ms": ts, "signal": "tle_bits", "value": tle}),
+    ]
+}
+
+/// The two series as a JSONL trace of `days`; `disturbed` minutes are far off.
 fn write_trace(path: &Path, days: i64, disturbed: std::ops::Range<i64>) {
     let mut text = String::new();
     for m in 0..days * 1440 {
-        let ts = T0 + m * MINUTE;
-        let phase = (m % 1440) as f64 / 1440.0 * std::f64::consts::TAU;
-        let off = if disturbed.contains(&ts) { 25.0 } else { 0.0 };
-        let kvf = 1.5 + 0.3 * phase.sin() + 0.1 * noise(m, 1) + off;
-        let tle = 2.0 + 0.5 * phase.cos() + 0.2 * noise(m, 2);
-        text.push_str(&format!(
-            "{{\"ts_ms\":{ts},\"signal\":\"kv_fragmentation\",\"labels\":{{\"layer\":\"0\"}},\"value\":{kvf}}}\n\
-             {{\"ts_ms\":{ts},\"signal\":\"tle_bits\",\"value\":{tle}}}\n"
-        ));
+        let off = if disturbed.contains(&(T0 + m * MINUTE)) { 25.0 } else { 0.0 };
+        for sample in samples(m, off) {
+            text.push_str(&format!("{sample}\n"));
+        }
     }
     std::fs::write(path, text).unwrap();
 }
@@ -153,18 +160,8 @@ async fn live_the_training_runs_beside_the_pipeline_and_the_model_joins_later() 
     let base = format!("http://{}", agent.api_addr);
     let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     let hour = |h: i64| -> Value {
-        let samples: Vec<Value> = (h * 60..(h + 1) * 60)
-            .flat_map(|m| {
-                let ts = T0 + m * MINUTE;
-                let phase = (m % 1440) as f64 / 1440.0 * std::f64::consts::TAU;
-                [
-                    serde_json::json!({"ts_ms": ts, "signal": "kv_fragmentation", "labels": {"layer": "0"},
-                        "value": 1.5 + 0.3 * phase.sin() + 0.1 * noise(m, 1)}),
-                    serde_json::json!({"ts_ms": ts, "signal": "tle_bits", "value": 2.0 + 0.5 * phase.cos() + 0.2 * noise(m, 2)}),
-                ]
-            })
-            .collect();
-        serde_json::json!({ "samples": samples })
+        let pushed: Vec<Value> = (h * 60..(h + 1) * 60).flat_map(|m| samples(m, 0.0)).collect();
+        serde_json::json!({ "samples": pushed })
     };
     let push = |h: i64| {
         let (c, base, body) = (c.clone(), base.clone(), hour(h));

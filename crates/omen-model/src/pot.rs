@@ -68,6 +68,10 @@ impl PotThreshold {
     }
 }
 
+/// Severity at the POT threshold: a window scoring at least this alarms (the agent's
+/// warning level).
+pub const ALARM_SEVERITY: f64 = 0.6;
+
 /// Maps an error to a severity: 0.6 at the POT threshold, rising towards 1 beyond it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SeverityMap {
@@ -82,9 +86,10 @@ impl SeverityMap {
             return if error.is_nan() { 0.0 } else { 1.0 };
         }
         if error <= self.threshold {
-            0.6 * (error / self.threshold).max(0.0)
+            ALARM_SEVERITY * (error / self.threshold).max(0.0)
         } else {
-            0.6 + 0.4 * (1.0 - (-(error - self.threshold) / self.threshold).exp())
+            ALARM_SEVERITY
+                + (1.0 - ALARM_SEVERITY) * (1.0 - (-(error - self.threshold) / self.threshold).exp())
         }
     }
 }

@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use omen_model::eval::{nab_profile, window_f1, window_rows};
 use omen_model::features::FeatureSet;
 use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
+use omen_model::pot::ALARM_SEVERITY;
 use omen_nab::{self as nab, NabCorpus, PROFILES};
 
 use omen_protocol::training::{load_labels, load_table, EvaluateArgs, TrainArgs, TrainReport};
@@ -135,7 +136,7 @@ fn train_report(model: &LstmAutoencoder, rows: &[Vec<f64>], take: usize) -> Resu
         for (i, e) in model.score_series(&rows[from..])?.into_iter().enumerate() {
             if let (true, Some(e)) = (from + i >= take, e) {
                 windows += 1;
-                alarms += usize::from(model.severity(e) >= 0.6);
+                alarms += usize::from(model.severity(e) >= ALARM_SEVERITY);
             }
         }
     }
@@ -167,7 +168,7 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<()> {
         model.score_series(&table.rows)?.into_iter().map(|e| e.map_or(0.0, |e| model.severity(e))).collect();
     let n = table.rows.len();
     let probation = nab::probation_length(n);
-    let detected: Vec<bool> = severity.iter().map(|&s| s >= 0.6).collect();
+    let detected: Vec<bool> = severity.iter().map(|&s| s >= ALARM_SEVERITY).collect();
     let f = window_f1(&detected, &rows, probation);
     println!(
         "{} rows, {} anomaly windows; scored after NAB's probation ({probation} rows); detection = severity >= 0.6 (the POT threshold)",
