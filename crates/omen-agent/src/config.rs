@@ -525,6 +525,14 @@ impl SloConfig {
         Self { name: name.into(), indicator, threshold, direction, scale: None }
     }
 
+    /// Which side of the threshold is a breach, as the trend functions take it.
+    pub fn breach_direction(&self) -> omen_signals::BreachDirection {
+        match self.direction {
+            Direction::Above => omen_signals::BreachDirection::Above,
+            Direction::Below => omen_signals::BreachDirection::Below,
+        }
+    }
+
     /// The trend's scale: as configured, else reciprocal for latency (queueing latency
     /// S / (1 - utilisation) is a straight line in 1/TTFT while load grows steadily, and on
     /// growth of another shape it warns early rather than late) and linear for ratios.
@@ -565,6 +573,15 @@ impl TrendScale {
             Self::Linear => scaled,
             Self::Log => scaled.exp(),
             Self::Reciprocal => 1.0 / scaled,
+        }
+    }
+
+    /// The breach direction on this scale: 1/x falls as x rises, so the reciprocal flips it.
+    pub fn direction(self, direction: omen_signals::BreachDirection) -> omen_signals::BreachDirection {
+        if self == Self::Reciprocal {
+            direction.flipped()
+        } else {
+            direction
         }
     }
 }

@@ -95,6 +95,181 @@ pub struct SloForecast {
 /// the forecast no longer counts on the next one.
 const RESET_OVERDUE: f64 = 1.25;
 
+/// What an SLO's forecast takes from its daily values alone, apart from the time it is
+/// made: the days the trend uses, the fitted trend and the reset rhythm.
+#[derive(Debug, Clone)]
+pub(super) struct SloFit {
+    /// Days of data the trend used (all the trailing-worst days before `min_days`).
+    days: usize,
+    /// The latest trailing-worst day.
+    latest: Option<f64>,
+    /// The regular resets: (typical cycle, day of the last reset).
+    resets: Option<(f64, f64)>,
+    /// The trend; `None` before `min_days` days or when no line can be fitted.
+    trend: Option<TrendFit>,
+}
+
+/// A fitted trend and what the breach is read against.
+#[derive(Debug, Clone, Copy)]
+struct TrendFit {
+    /// The line (of the regime, or of its last days when accelerating).
+    fit: omen_signals::TheilSen,
+    /// First day (midpoint) the line was fitted to.
+    from_day: f64,
+    /// The days' scatter around the line (robust, trend scale).
+    scatter: f64,
+    /// The worst weekday's offset on the trend scale (0 without a weekly profile).
+    worst_weekday_offset: f64,
+    /// The line follows the last `recent_days`.
+    accelerating: bool,
+}
+
+impl SloFit {
+    /// The fit of `slo` to its daily indicator `raw` (day midpoint, value; oldest first).
+    fn of(f: &crate::config::ForecastConfig, slo: &SloConfig, raw: &[(f64, f64)]) -> Self {
+        let worst_of = f.worst_of_days.max(1);
+        let direction = slo.breach_direction();
+        let y_raw: Vec<f64> = raw.iter().map(|d| d.1).collect();
+        let daily: Vec<(f64, f64)> = raw[raw.len().min(worst_of - 1)..]
+            .iter()
+            .map(|d| d.0)
+            .zip(trailing_worst(&y_raw, worst_of, direction))
+            .collect();
+        let scale = slo.trend_scale();
+        let mut out =
+            SloFit { days: daily.len(), latest: daily.last().map(|d| d.1), resets: None, trend: None };
+        // On a log or reciprocal scale, non-positive days (a latency of 0 is a broken probe)
+        // are left out; 1/x falls as x rises, so on the reciprocal scale the breach
+        // direction flips.
+        let points: Vec<(f64, f64)> = daily
+            .into_iter()
+            .filter(|d| scale == TrendScale::Linear || d.1 > 0.0)
+            .map(|(x, y)| (x, scale.apply(y)))
+            .collect();
+        let direction = scale.direction(direction);
+        let (mut x, mut y): (Vec<f64>, Vec<f64>) = points.into_iter().unzip();
+        // Regular resets (restarts freeing a leak) are read from the whole lookback.
+        out.resets = if f.regimes { reset_cycle(&x, &y, direction) } else { None };
+        // The current regime only: the days before a significant level shift are left
+        // out, and a new regime is forecast once it has min_days of its own.
+        if f.regimes {
+            let start = current_regime_start(&x, &y);
+            x.drain(..start);
+            y.drain(..start);
+        }
+        out.days = x.len();
+        if x.len() < f.min_days {
+            return out;
+        }
+        // The trend of the series less its weekly cycle; the breach on its worst weekday.
+        let mut worst_weekday_offset = 0.0;
+        if f.weekly_profile {
+            if let Some(profile) = WeeklyProfile::of(&x, &y) {
+                y = profile.adjust(&x, &y);
+                worst_weekday_offset = profile.worst(direction);
+            }
+        }
+        let Ok(mut fit) = theil_sen(&x, &y, f.confidence) else {
+            return out;
+        };
+        // A trend that bends towards the breach: when the last recent_days move
+        // significantly faster towards it than the regime's line, today and the
+        // day before, the forecast follows them (a line over the regime lags an
+        // accelerating drift or a queueing knee).
+        let mut from = 0;
+        let mut accelerating = false;
+        let recent = f.recent_days;
+        if recent >= 3 && x.len() > recent + 1 {
+            let n = x.len();
+            let today = recent_acceleration(&x, &y, &fit, recent, f.confidence, direction);
+            let day_before = || {
+                let (x, y) = (&x[..n - 1], &y[..n - 1]);
+                let all = theil_sen(x, y, f.confidence).ok()?;
+                recent_acceleration(x, y, &all, recent, f.confidence, direction)
+            };
+            if let Some(r) = today.filter(|_| day_before().is_some()) {
+                (fit, from) = (r, n - recent);
+                accelerating = true;
+            }
+        }
+        let (x, y) = (&x[from..], &y[from..]);
+        out.days = x.len();
+        // The interval a user reads: the slope interval with the scatter of the days
+        // around the trend, at the same confidence.
+        let scatter = residual_scale(&fit, x, y);
+        out.trend = Some(TrendFit { fit, from_day: x[0], scatter, worst_weekday_offset, accelerating });
+        out
+    }
+
+    /// The forecast this fit gives at `now_ms`; `raw` is the daily indicator it was fitted to.
+    fn forecast_at(
+        &self,
+        f: &crate::config::ForecastConfig,
+        slo: &SloConfig,
+        raw: Vec<(f64, f64)>,
+        now_ms: i64,
+    ) -> SloForecast {
+        let scale = slo.trend_scale();
+        let mut fc = SloForecast {
+            slo: slo.name.clone(),
+            indicator: slo.indicator,
+            threshold: slo.threshold,
+            direction: slo.direction,
+            days: self.days,
+            latest: self.latest,
+            slope_per_day: None,
+            scale,
+            days_to_breach: None,
+            days_to_breach_upper: None,
+            days_to_breach_lower: None,
+            early_warning: false,
+            accelerating: false,
+            reset_expected_in_days: None,
+            warned: None,
+            daily: raw,
+            trend: None,
+        };
+        let Some(t) = &self.trend else {
+            return fc;
+        };
+        let threshold = scale.apply(slo.threshold) - t.worst_weekday_offset;
+        let direction = scale.direction(slo.breach_direction());
+        let now_day = now_ms as f64 / DAY_MS as f64;
+        let b = days_to_breach(&t.fit, now_day, threshold, direction);
+        fc.accelerating = t.accelerating;
+        fc.slope_per_day = Some(t.fit.slope);
+        fc.days_to_breach = b.days_to_breach;
+        let (lower, upper) = breach_interval(&t.fit, t.scatter, f.confidence, now_day, threshold, direction);
+        fc.days_to_breach_lower = lower;
+        fc.days_to_breach_upper = b.latest_days.and(upper);
+        fc.early_warning = b.warns(f.horizon_days);
+        // A breach that the next regular reset would come before is no breach,
+        // while the resets keep their rhythm (not overdue).
+        if let Some((cycle, reset_day)) = self.resets {
+            let age = now_day - reset_day;
+            if age <= RESET_OVERDUE * cycle {
+                let next = (cycle - age).max(0.0);
+                fc.reset_expected_in_days = Some(next);
+                if b.days_to_breach.is_some_and(|d| d > next + WARNING_MARGIN_DAYS) {
+                    fc.early_warning = false;
+                }
+            }
+        }
+        fc.trend = Some(FittedTrend {
+            from_day: t.from_day,
+            now_day,
+            x_median: t.fit.x_median,
+            y_median: t.fit.y_median,
+            slope: t.fit.slope,
+            low_slope: t.fit.low_slope,
+            high_slope: t.fit.high_slope,
+            worst_weekday_offset: t.worst_weekday_offset,
+            scale,
+        });
+        fc
+    }
+}
+
 /// An early warning as it stood when it started. Kept in the store (meta
 /// [`WARNINGS_META_KEY`]) so that a restarted agent goes on with the same warning: its start
 /// and what it said then, without the trend line it was drawn from.
@@ -171,7 +346,9 @@ pub struct TrendPoint {
 }
 
 impl Engine {
-    /// The forecast of every configured SLO from the complete days before `now_ms`.
+    /// The forecast of every configured SLO from the complete days before `now_ms`. The
+    /// fit of an SLO is kept while its daily values stay the same (they change once a day),
+    /// so a tick refits only what a new day changed and moves the rest to `now_ms`.
     pub(super) fn forecasts(&mut self, now_ms: i64) -> Result<Vec<SloForecast>> {
         let cfg = self.cfg.clone();
         let f = &cfg.forecast;
@@ -181,133 +358,16 @@ impl Engine {
         let from = today - (f.lookback_days + worst_of - 1) as i64 * DAY_MS;
         let mut out = Vec::new();
         for slo in &f.slos {
-            let direction = match slo.direction {
-                Direction::Above => BreachDirection::Above,
-                Direction::Below => BreachDirection::Below,
-            };
             let raw = self.daily_indicator(slo, from, today)?;
-            let y_raw: Vec<f64> = raw.iter().map(|d| d.1).collect();
-            let daily: Vec<(f64, f64)> = raw[raw.len().min(worst_of - 1)..]
-                .iter()
-                .map(|d| d.0)
-                .zip(trailing_worst(&y_raw, worst_of, direction))
-                .collect();
-            let scale = slo.trend_scale();
-            let mut fc = SloForecast {
-                slo: slo.name.clone(),
-                indicator: slo.indicator,
-                threshold: slo.threshold,
-                direction: slo.direction,
-                days: daily.len(),
-                latest: daily.last().map(|d| d.1),
-                slope_per_day: None,
-                scale,
-                days_to_breach: None,
-                days_to_breach_upper: None,
-                days_to_breach_lower: None,
-                early_warning: false,
-                accelerating: false,
-                reset_expected_in_days: None,
-                warned: None,
-                daily: raw.clone(),
-                trend: None,
+            let fit = match self.fit_cache.get(&slo.name) {
+                Some((days, fit)) if *days == raw => fit.clone(),
+                _ => {
+                    let fit = SloFit::of(f, slo, &raw);
+                    self.fit_cache.insert(slo.name.clone(), (raw.clone(), fit.clone()));
+                    fit
+                }
             };
-            // On a log or reciprocal scale, non-positive days (a latency of 0 is a broken probe)
-            // are left out; 1/x falls as x rises, so on the reciprocal scale the breach
-            // direction flips.
-            let points: Vec<(f64, f64)> = daily
-                .into_iter()
-                .filter(|d| scale == TrendScale::Linear || d.1 > 0.0)
-                .map(|(x, y)| (x, scale.apply(y)))
-                .collect();
-            let threshold = scale.apply(slo.threshold);
-            let direction = if scale == TrendScale::Reciprocal { direction.flipped() } else { direction };
-            let (mut x, mut y): (Vec<f64>, Vec<f64>) = points.into_iter().unzip();
-            // Regular resets (restarts freeing a leak) are read from the whole lookback.
-            let resets = if f.regimes { reset_cycle(&x, &y, direction) } else { None };
-            // The current regime only: the days before a significant level shift are left
-            // out, and a new regime is forecast once it has min_days of its own.
-            if f.regimes {
-                let start = current_regime_start(&x, &y);
-                x.drain(..start);
-                y.drain(..start);
-            }
-            fc.days = x.len();
-            if x.len() >= f.min_days {
-                // The trend of the series less its weekly cycle; the breach on its worst weekday.
-                let mut worst_weekday_offset = 0.0;
-                if f.weekly_profile {
-                    if let Some(profile) = WeeklyProfile::of(&x, &y) {
-                        y = profile.adjust(&x, &y);
-                        worst_weekday_offset = profile.worst(direction);
-                    }
-                }
-                if let Ok(mut fit) = theil_sen(&x, &y, f.confidence) {
-                    // A trend that bends towards the breach: when the last recent_days move
-                    // significantly faster towards it than the regime's line, today and the
-                    // day before, the forecast follows them (a line over the regime lags an
-                    // accelerating drift or a queueing knee).
-                    let mut from = 0;
-                    let recent = f.recent_days;
-                    if recent >= 3 && x.len() > recent + 1 {
-                        let n = x.len();
-                        let today = recent_acceleration(&x, &y, &fit, recent, f.confidence, direction);
-                        let day_before = || {
-                            let (x, y) = (&x[..n - 1], &y[..n - 1]);
-                            let all = theil_sen(x, y, f.confidence).ok()?;
-                            recent_acceleration(x, y, &all, recent, f.confidence, direction)
-                        };
-                        if let Some(r) = today.filter(|_| day_before().is_some()) {
-                            (fit, from) = (r, n - recent);
-                            fc.accelerating = true;
-                        }
-                    }
-                    let (x, y) = (&x[from..], &y[from..]);
-                    fc.days = x.len();
-                    let now_day = now_ms as f64 / DAY_MS as f64;
-                    let b = days_to_breach(&fit, now_day, threshold - worst_weekday_offset, direction);
-                    fc.slope_per_day = Some(fit.slope);
-                    fc.days_to_breach = b.days_to_breach;
-                    // The interval a user reads: the slope interval with the scatter of the
-                    // days around the trend, at the same confidence.
-                    let scatter = residual_scale(&fit, x, y);
-                    let (lower, upper) = breach_interval(
-                        &fit,
-                        scatter,
-                        f.confidence,
-                        now_day,
-                        threshold - worst_weekday_offset,
-                        direction,
-                    );
-                    fc.days_to_breach_lower = lower;
-                    fc.days_to_breach_upper = b.latest_days.and(upper);
-                    fc.early_warning = b.warns(f.horizon_days);
-                    // A breach that the next regular reset would come before is no breach,
-                    // while the resets keep their rhythm (not overdue).
-                    if let Some((cycle, reset_day)) = resets {
-                        let age = now_day - reset_day;
-                        if age <= RESET_OVERDUE * cycle {
-                            let next = (cycle - age).max(0.0);
-                            fc.reset_expected_in_days = Some(next);
-                            if b.days_to_breach.is_some_and(|d| d > next + WARNING_MARGIN_DAYS) {
-                                fc.early_warning = false;
-                            }
-                        }
-                    }
-                    fc.trend = Some(FittedTrend {
-                        from_day: x[0],
-                        now_day,
-                        x_median: fit.x_median,
-                        y_median: fit.y_median,
-                        slope: fit.slope,
-                        low_slope: fit.low_slope,
-                        high_slope: fit.high_slope,
-                        worst_weekday_offset,
-                        scale,
-                    });
-                }
-            }
-            out.push(fc);
+            out.push(fit.forecast_at(f, slo, raw, now_ms));
         }
         Ok(out)
     }
@@ -711,6 +771,45 @@ mod tests {
     /// ones to 0.55, so that the latest reset is the largest step and the current regime is
     /// the last cycle alone (as in the vram-leak-restarts trap, where the line of one cycle
     /// is what warned).
+    #[test]
+    fn a_kept_fit_forecasts_as_a_fresh_one_and_moves_with_the_tick() {
+        let forecast = "forecast: {min_days: 5, worst_of_days: 1}\n";
+        let rising = |h: i64| 0.5 + 0.012 * (h as f64 / 24.0) + 0.01 * ((h % 24) as f64 / 24.0 * 6.3).sin();
+        let at = |e: &mut Engine, now: i64| {
+            let mut f = e.tick(now).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+            // When the warning started differs between the engines by construction.
+            f.warned = None;
+            (serde_json::to_value(&f).unwrap(), f.trend, f.daily)
+        };
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut kept = engine(dir_a.path(), forecast);
+        let t0 = feed_hourly(&mut kept, "kvcache_usage_ratio", 20 * 24, rising);
+        let (morning, evening) = (t0 + 20 * DAY_MS + 3_600_000, t0 + 20 * DAY_MS + 13 * 3_600_000);
+        let first = at(&mut kept, morning);
+        let later = at(&mut kept, evening);
+        let mut fresh = engine(dir_b.path(), forecast);
+        feed_hourly(&mut fresh, "kvcache_usage_ratio", 20 * 24, rising);
+        assert_eq!(later, at(&mut fresh, evening), "the kept fit gives what a new fit gives");
+        // The same fit, half a day later: the breach is half a day nearer.
+        let days = |f: &serde_json::Value| f["days_to_breach"].as_f64().unwrap();
+        assert!((days(&first.0) - days(&later.0) - 0.5).abs() < 1e-9, "{} then {}", first.0, later.0);
+        assert_eq!(first.1.unwrap().slope, later.1.unwrap().slope);
+        // A new day refits: both engines get it, and agree again.
+        for e in [&mut kept, &mut fresh] {
+            for h in 20 * 24..21 * 24 {
+                let labels = [("layer".to_owned(), "0".to_owned())].into();
+                let value = rising(h) + 0.05;
+                let s =
+                    Sample { ts_ms: t0 + h * 3_600_000, signal: "kvcache_usage_ratio".into(), labels, value };
+                e.process(vec![s]).unwrap();
+            }
+        }
+        let next_day = t0 + 21 * DAY_MS + 3_600_000;
+        let refitted = at(&mut kept, next_day);
+        assert_ne!(refitted.1, later.1, "the new day moved the trend");
+        assert_eq!(refitted, at(&mut fresh, next_day));
+    }
+
     fn restarted_leak_forecast(days: i64, restarts_until: i64) -> SloForecast {
         let dir = tempfile::tempdir().unwrap();
         let mut e = engine(dir.path(), "forecast: {min_days: 5, worst_of_days: 1}\n");

@@ -50,6 +50,8 @@ pub struct Engine {
     clock_ms: i64,
     last_tick_ms: Option<i64>,
     last_retention_ms: i64,
+    /// The first day (index since the epoch) the last retention kept in the day tier.
+    day_retention_first_kept: Option<i64>,
     rolled_until_day_ms: Option<i64>,
     /// A day roll-up in progress: (day, next series id) (rollup.rs).
     roll_up_cursor: Option<(i64, i64)>,
@@ -57,6 +59,8 @@ pub struct Engine {
     day_agg_generation: u64,
     /// Each SLO indicator's daily values, with what they were read for (forecast.rs).
     daily_cache: HashMap<IndicatorDefinition, (forecast::DailyKey, Vec<(f64, f64)>)>,
+    /// Each SLO's fit with the daily values it was fitted to (see `Engine::forecasts`).
+    fit_cache: HashMap<String, (Vec<(f64, f64)>, forecast::SloFit)>,
     summary: Arc<RwLock<Option<HealthSummary>>>,
     health_level: Level,
     /// The SLOs under an early warning at the last tick, with the warning as it started.
@@ -109,9 +113,11 @@ impl Engine {
             clock_ms: 0,
             last_tick_ms: None,
             last_retention_ms: 0,
+            day_retention_first_kept: None,
             rolled_until_day_ms,
             day_agg_generation: 0,
             daily_cache: HashMap::new(),
+            fit_cache: HashMap::new(),
             roll_up_cursor: None,
             explanation: None,
             explained_at_ms: None,

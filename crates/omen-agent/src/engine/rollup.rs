@@ -74,9 +74,16 @@ impl Engine {
     pub(super) fn apply_retention(&mut self, now_ms: i64) -> Result<()> {
         if now_ms - self.last_retention_ms >= RETENTION_EVERY_MS {
             let st = &self.cfg.store;
+            // The day aggregates retention deletes (day_ms < cutoff) change only when the
+            // cutoff passes a day boundary: only then may a cached forecast input be stale.
             // Before the call: it is not one transaction, so a failure part-way may already
-            // have deleted day aggregates that a cached forecast input still holds.
-            self.day_agg_generation += 1;
+            // have deleted some of them.
+            let cutoff = now_ms - st.day_retention_days as i64 * DAY_MS;
+            let first_kept_day = (cutoff + DAY_MS - 1).div_euclid(DAY_MS);
+            if self.day_retention_first_kept != Some(first_kept_day) {
+                self.day_retention_first_kept = Some(first_kept_day);
+                self.day_agg_generation += 1;
+            }
             let deleted = self.store.apply_retention(
                 now_ms,
                 st.raw_retention_days,
