@@ -32,6 +32,36 @@ pub struct DataArgs {
     pub step: Duration,
 }
 
+/// The LSTM autoencoder's network and training options, as `omen train` and
+/// `omen evaluate-skab` both take them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NetworkArgs {
+    /// Window length, rows.
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+    /// Encoder and decoder hidden units.
+    #[arg(long, default_value_t = 32)]
+    pub hidden: usize,
+    /// Latent size.
+    #[arg(long, default_value_t = 8)]
+    pub latent: usize,
+    /// Most epochs (early stopping on the validation split may end sooner).
+    #[arg(long, default_value_t = 60)]
+    pub epochs: usize,
+    /// Epochs without a better validation loss before stopping.
+    #[arg(long, default_value_t = 8)]
+    pub patience: usize,
+    /// Mini-batch size.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 5e-3)]
+    pub learning_rate: f64,
+    /// Seed of libtorch's generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: i64,
+}
+
 /// `omen train` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TrainArgs {
@@ -50,30 +80,9 @@ pub struct TrainArgs {
     /// Train on this share of the first rows (default all rows; they must be normal).
     #[arg(long, default_value_t = 1.0)]
     pub train_fraction: f64,
-    /// Window length, rows.
-    #[arg(long, default_value_t = 32)]
-    pub window: usize,
-    /// Encoder and decoder hidden units.
-    #[arg(long, default_value_t = 32)]
-    pub hidden: usize,
-    /// Latent size.
-    #[arg(long, default_value_t = 8)]
-    pub latent: usize,
-    /// Most epochs (early stopping on the validation split may end sooner).
-    #[arg(long, default_value_t = 60)]
-    pub epochs: usize,
-    /// Epochs without improvement before stopping.
-    #[arg(long, default_value_t = 8)]
-    pub patience: usize,
-    /// Mini-batch size.
-    #[arg(long, default_value_t = 32)]
-    pub batch_size: usize,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 5e-3)]
-    pub learning_rate: f64,
-    /// Seed (libtorch's generator).
-    #[arg(long, default_value_t = 0)]
-    pub seed: i64,
+    #[command(flatten)]
+    /// The network and its training.
+    pub network: NetworkArgs,
     /// Prune to this share of hidden units after training (e.g. 0.6) and report before/after.
     #[arg(long)]
     pub prune: Option<f64>,
@@ -155,27 +164,9 @@ pub struct SkabArgs {
     /// SKAB copy holding data/ (default: $OMEN_SKAB_DIR, else the repository's data/skab).
     #[arg(long)]
     pub skab: Option<PathBuf>,
-    /// Rows per window.
-    #[arg(long, default_value_t = 32)]
-    pub window: usize,
-    /// LSTM hidden units (encoder and decoder).
-    #[arg(long, default_value_t = 32)]
-    pub hidden: usize,
-    /// Latent size.
-    #[arg(long, default_value_t = 8)]
-    pub latent: usize,
-    /// Most epochs.
-    #[arg(long, default_value_t = 60)]
-    pub epochs: usize,
-    /// Epochs without a better validation loss before stopping.
-    #[arg(long, default_value_t = 8)]
-    pub patience: usize,
-    /// Mini-batch size.
-    #[arg(long, default_value_t = 32)]
-    pub batch_size: usize,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 5e-3)]
-    pub learning_rate: f64,
+    #[command(flatten)]
+    /// The network and its training.
+    pub network: NetworkArgs,
     /// POT risk: the probability that a normal window's error exceeds the threshold.
     #[arg(long, default_value_t = 1e-3)]
     pub pot_risk: f64,
@@ -185,9 +176,6 @@ pub struct SkabArgs {
     /// Features per column, as `omen train --features` (e.g. raw,diff).
     #[arg(long, default_value = "raw")]
     pub features: String,
-    /// Seed of libtorch's generator.
-    #[arg(long, default_value_t = 0)]
-    pub seed: i64,
     /// Share of hidden units the pruned model keeps (its row beside the full model's).
     #[arg(long, default_value_t = 0.6)]
     pub prune: f64,

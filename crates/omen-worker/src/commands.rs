@@ -11,7 +11,7 @@ use omen_model::lstm_ae::{self, LstmAeConfig, LstmAutoencoder};
 use omen_model::pot::ALARM_SEVERITY;
 use omen_nab::{self as nab, NabCorpus, PROFILES};
 
-use omen_protocol::training::{load_labels, load_table, EvaluateArgs, TrainArgs, TrainReport};
+use omen_protocol::training::{load_labels, load_table, EvaluateArgs, NetworkArgs, TrainArgs, TrainReport};
 
 /// Mean seconds to score one window (batch of one), over `n` runs.
 fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> {
@@ -21,6 +21,23 @@ fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> 
         model.score_window(&feats)?;
     }
     Ok(t.elapsed().as_secs_f64() / n as f64)
+}
+
+/// The model settings of `network` (the rest at [`LstmAeConfig`]'s defaults).
+pub fn network_config(network: &NetworkArgs) -> LstmAeConfig {
+    let n = network;
+    LstmAeConfig {
+        window: n.window,
+        hidden: n.hidden,
+        decoder_hidden: n.hidden,
+        latent: n.latent,
+        epochs: n.epochs,
+        patience: n.patience,
+        batch_size: n.batch_size,
+        learning_rate: n.learning_rate,
+        seed: n.seed,
+        ..Default::default()
+    }
 }
 
 /// `omen train`.
@@ -38,22 +55,11 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     };
     let rows = &table.rows[..take];
     let features = FeatureSet::parse(table.columns.clone(), &a.features).context("--features")?;
-    let cfg = LstmAeConfig {
-        window: a.window,
-        hidden: a.hidden,
-        decoder_hidden: a.hidden,
-        latent: a.latent,
-        epochs: a.epochs,
-        patience: a.patience,
-        batch_size: a.batch_size,
-        learning_rate: a.learning_rate,
-        seed: a.seed,
-        ..Default::default()
-    };
+    let cfg = network_config(&a.network);
     let bar = if a.no_progress || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(a.epochs as u64)
+        ProgressBar::new(a.network.epochs as u64)
     };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} epoch {pos}/{len} {msg} [{elapsed}]").expect("valid template"),

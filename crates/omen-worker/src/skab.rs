@@ -123,18 +123,9 @@ fn row(model: &str, files: &[SkabFile], predictions: &[Vec<Option<bool>>]) -> Re
 /// The model settings the arguments ask for (validation share and stride as `omen train`).
 pub fn config(a: &SkabArgs) -> LstmAeConfig {
     LstmAeConfig {
-        window: a.window,
-        hidden: a.hidden,
-        decoder_hidden: a.hidden,
-        latent: a.latent,
-        epochs: a.epochs,
-        patience: a.patience,
-        batch_size: a.batch_size,
-        learning_rate: a.learning_rate,
-        seed: a.seed,
         pot_risk: a.pot_risk,
         validation_fraction: a.validation_fraction,
-        ..Default::default()
+        ..crate::commands::network_config(&a.network)
     }
 }
 
