@@ -447,8 +447,9 @@ impl LstmAutoencoder {
         self.severity_map().severity(error)
     }
 
-    /// Reconstruction error of one window of feature rows (not yet normalised), oldest first.
-    pub fn score_window(&self, feature_rows: &[Vec<f64>]) -> Result<f64, LstmError> {
+    /// One window of feature rows (not yet normalised, exactly [`Self::window`] of them),
+    /// normalised as the model was trained, as the network's input.
+    fn one_window(&self, feature_rows: &[Vec<f64>]) -> Result<Tensor, LstmError> {
         if feature_rows.len() != self.window() {
             return Err(ModelError::TooFew {
                 what: "rows in the window",
@@ -458,7 +459,12 @@ impl LstmAutoencoder {
             .into());
         }
         let rows = self.meta.normalizer.transform(feature_rows)?;
-        let x = windows_tensor(&rows, rows.len(), 1);
+        Ok(windows_tensor(&rows, rows.len(), 1))
+    }
+
+    /// Reconstruction error of one window of feature rows (not yet normalised), oldest first.
+    pub fn score_window(&self, feature_rows: &[Vec<f64>]) -> Result<f64, LstmError> {
+        let x = self.one_window(feature_rows)?;
         Ok(window_errors(&self.net, &x)[0])
     }
 
@@ -467,16 +473,7 @@ impl LstmAutoencoder {
     /// 0 for a perfect reconstruction). A source's share sums its features' squared errors in
     /// normalised units, so it says which inputs the model could not reconstruct.
     pub fn score_window_by_source(&self, feature_rows: &[Vec<f64>]) -> Result<(f64, Vec<f64>), LstmError> {
-        if feature_rows.len() != self.window() {
-            return Err(ModelError::TooFew {
-                what: "rows in the window",
-                have: feature_rows.len(),
-                need: self.window(),
-            }
-            .into());
-        }
-        let rows = self.meta.normalizer.transform(feature_rows)?;
-        let x = windows_tensor(&rows, rows.len(), 1);
+        let x = self.one_window(feature_rows)?;
         let per_feature: Vec<f64> = tch::no_grad(|| {
             let e = (self.net.forward(&x) - &x).square().mean_dim([0i64, 1].as_slice(), false, Kind::Double);
             Vec::<f64>::try_from(&e).expect("a 1-d double tensor")
