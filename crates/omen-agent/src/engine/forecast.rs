@@ -765,51 +765,108 @@ mod tests {
         t0
     }
 
+    /// Hourly samples of `signal` from hour `hours.start` to `hours.end` (from t0, 2026-11-02).
+    fn feed_hours(
+        e: &mut Engine,
+        signal: &str,
+        labels: (&str, &str),
+        hours: std::ops::Range<i64>,
+        value: impl Fn(i64) -> f64,
+    ) {
+        let t0 = 1_793_577_600_000;
+        for h in hours {
+            let labels = [(labels.0.to_owned(), labels.1.to_owned())].into();
+            let s = Sample { ts_ms: t0 + h * 3_600_000, signal: signal.into(), labels, value: value(h) };
+            e.process(vec![s]).unwrap();
+        }
+    }
+
+    /// A kept fit against a fresh one: an engine fed `days` days of `signal` ticks in the
+    /// morning and evening of the next day, a new engine fed the same ticks in the evening
+    /// only; then both get one more day (`value` of it raised by `next_day_step`) and tick.
+    /// Each forecast of `slo` must be the same in both, and the kept one must move with the tick.
+    fn kept_fit_agrees_with_a_fresh_one(
+        forecast: &str,
+        signal: &str,
+        labels: (&str, &str),
+        slo: &str,
+        days: i64,
+        value: impl Fn(i64) -> f64 + Copy,
+        next_day_step: f64,
+    ) -> serde_json::Value {
+        let t0 = 1_793_577_600_000;
+        let at = |e: &mut Engine, now: i64| {
+            let mut f = e.tick(now).unwrap().forecasts.into_iter().find(|f| f.slo == slo).unwrap();
+            // When the warning started differs between the engines by construction.
+            f.warned = None;
+            (serde_json::to_value(&f).unwrap(), f.trend, f.daily)
+        };
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut kept, mut fresh) = (engine(dir_a.path(), forecast), engine(dir_b.path(), forecast));
+        feed_hours(&mut kept, signal, labels, 0..days * 24, value);
+        feed_hours(&mut fresh, signal, labels, 0..days * 24, value);
+        let (morning, evening) = (t0 + days * DAY_MS + 3_600_000, t0 + days * DAY_MS + 13 * 3_600_000);
+        let first = at(&mut kept, morning);
+        let later = at(&mut kept, evening);
+        assert!(later.1.is_some(), "{slo}: a trend is fitted");
+        assert_eq!(later, at(&mut fresh, evening), "{slo}: the kept fit gives what a new fit gives");
+        // The same fit half a day later: the same line, the breach half a day nearer.
+        assert_eq!(first.1.unwrap().slope, later.1.unwrap().slope);
+        if let (Some(a), Some(b)) = (first.0["days_to_breach"].as_f64(), later.0["days_to_breach"].as_f64()) {
+            assert!((a - b - 0.5).abs() < 1e-9, "{slo}: {a} then {b}");
+        }
+        // A new day refits in both.
+        for e in [&mut kept, &mut fresh] {
+            feed_hours(e, signal, labels, days * 24..(days + 1) * 24, |h| value(h) + next_day_step);
+        }
+        let next_day = t0 + (days + 1) * DAY_MS + 3_600_000;
+        let refitted = at(&mut kept, next_day);
+        assert_ne!(refitted.1, later.1, "{slo}: the new day moved the trend");
+        assert_eq!(refitted, at(&mut fresh, next_day), "{slo}: after a new day");
+        later.0
+    }
+
+    #[test]
+    fn a_kept_fit_forecasts_as_a_fresh_one_and_moves_with_the_tick() {
+        // A linear trend with a daily cycle.
+        kept_fit_agrees_with_a_fresh_one(
+            "forecast: {min_days: 5, worst_of_days: 1}\n",
+            "kvcache_usage_ratio",
+            ("layer", "0"),
+            "kv_usage",
+            20,
+            |h| 0.5 + 0.012 * (h as f64 / 24.0) + 0.01 * ((h % 24) as f64 / 24.0 * 6.3).sin(),
+            0.05,
+        );
+        // Queueing latency on the reciprocal scale (the breach direction flips there).
+        kept_fit_agrees_with_a_fresh_one(
+            "forecast: {min_days: 7, slos: [{name: ttft_p99, indicator: ttft_p99, threshold: 2.0}]}\n",
+            "canary_ttft_seconds",
+            ("canary", "capital"),
+            "ttft_p99",
+            18,
+            |h| 0.2 / (1.0 - (0.5 + 0.015 * (h / 24) as f64)),
+            0.3,
+        );
+        // A leak that weekly restarts reset: the reset rhythm and its age.
+        let restarted = kept_fit_agrees_with_a_fresh_one(
+            "forecast: {min_days: 5, worst_of_days: 1}\n",
+            "kvcache_usage_ratio",
+            ("layer", "0"),
+            "kv_usage",
+            26,
+            |h| 0.55 + 0.035 * ((h / 24) % 7) as f64 + 0.035 * (h % 24) as f64 / 24.0,
+            0.05,
+        );
+        assert!(restarted["reset_expected_in_days"].is_number(), "the resets were seen: {restarted}");
+    }
+
     /// KV usage rising 3.5 points a day and reset by a restart every 7 days while
     /// `restarts_until` (days) lasts, hourly samples with a daily cycle, for `days` days;
     /// the forecast of the tick at the end. The restart on day 21 resets to 0.62, the earlier
     /// ones to 0.55, so that the latest reset is the largest step and the current regime is
     /// the last cycle alone (as in the vram-leak-restarts trap, where the line of one cycle
     /// is what warned).
-    #[test]
-    fn a_kept_fit_forecasts_as_a_fresh_one_and_moves_with_the_tick() {
-        let forecast = "forecast: {min_days: 5, worst_of_days: 1}\n";
-        let rising = |h: i64| 0.5 + 0.012 * (h as f64 / 24.0) + 0.01 * ((h % 24) as f64 / 24.0 * 6.3).sin();
-        let at = |e: &mut Engine, now: i64| {
-            let mut f = e.tick(now).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
-            // When the warning started differs between the engines by construction.
-            f.warned = None;
-            (serde_json::to_value(&f).unwrap(), f.trend, f.daily)
-        };
-        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut kept = engine(dir_a.path(), forecast);
-        let t0 = feed_hourly(&mut kept, "kvcache_usage_ratio", 20 * 24, rising);
-        let (morning, evening) = (t0 + 20 * DAY_MS + 3_600_000, t0 + 20 * DAY_MS + 13 * 3_600_000);
-        let first = at(&mut kept, morning);
-        let later = at(&mut kept, evening);
-        let mut fresh = engine(dir_b.path(), forecast);
-        feed_hourly(&mut fresh, "kvcache_usage_ratio", 20 * 24, rising);
-        assert_eq!(later, at(&mut fresh, evening), "the kept fit gives what a new fit gives");
-        // The same fit, half a day later: the breach is half a day nearer.
-        let days = |f: &serde_json::Value| f["days_to_breach"].as_f64().unwrap();
-        assert!((days(&first.0) - days(&later.0) - 0.5).abs() < 1e-9, "{} then {}", first.0, later.0);
-        assert_eq!(first.1.unwrap().slope, later.1.unwrap().slope);
-        // A new day refits: both engines get it, and agree again.
-        for e in [&mut kept, &mut fresh] {
-            for h in 20 * 24..21 * 24 {
-                let labels = [("layer".to_owned(), "0".to_owned())].into();
-                let value = rising(h) + 0.05;
-                let s =
-                    Sample { ts_ms: t0 + h * 3_600_000, signal: "kvcache_usage_ratio".into(), labels, value };
-                e.process(vec![s]).unwrap();
-            }
-        }
-        let next_day = t0 + 21 * DAY_MS + 3_600_000;
-        let refitted = at(&mut kept, next_day);
-        assert_ne!(refitted.1, later.1, "the new day moved the trend");
-        assert_eq!(refitted, at(&mut fresh, next_day));
-    }
-
     fn restarted_leak_forecast(days: i64, restarts_until: i64) -> SloForecast {
         let dir = tempfile::tempdir().unwrap();
         let mut e = engine(dir.path(), "forecast: {min_days: 5, worst_of_days: 1}\n");

@@ -76,12 +76,12 @@ impl Engine {
             let st = &self.cfg.store;
             // The day aggregates retention deletes (day_ms < cutoff) change only when the
             // cutoff passes a day boundary: only then may a cached forecast input be stale.
-            // Before the call: it is not one transaction, so a failure part-way may already
-            // have deleted some of them.
+            // Bumped before the call: it is not one transaction, so a failure part-way may
+            // already have deleted some of them; and the day is recorded only after it
+            // succeeds, so that its retry bumps again.
             let cutoff = now_ms - st.day_retention_days as i64 * DAY_MS;
             let first_kept_day = (cutoff + DAY_MS - 1).div_euclid(DAY_MS);
             if self.day_retention_first_kept != Some(first_kept_day) {
-                self.day_retention_first_kept = Some(first_kept_day);
                 self.day_agg_generation += 1;
             }
             let deleted = self.store.apply_retention(
@@ -90,11 +90,37 @@ impl Engine {
                 st.minute_retention_days,
                 st.day_retention_days,
             )?;
+            self.day_retention_first_kept = Some(first_kept_day);
             // A bounded call that hit its bound may have left more: go on at the next tick.
             if deleted < omen_store::RETENTION_BLOCKS_PER_CALL {
                 self.last_retention_ms = now_ms;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::engine;
+    use super::*;
+
+    #[test]
+    fn retention_invalidates_the_day_aggregates_only_when_its_cutoff_passes_a_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "");
+        // The cutoff (now less the day tier's retention) at exactly a midnight.
+        let midnight = 1_793_577_600_000 + e.cfg.store.day_retention_days as i64 * DAY_MS;
+        let mut bumps = Vec::new();
+        for hour in 0..=26 {
+            let before = e.day_agg_generation;
+            e.apply_retention(midnight + hour * RETENTION_EVERY_MS).unwrap();
+            if e.day_agg_generation != before {
+                bumps.push(hour);
+            }
+        }
+        // The first run; then the run after each midnight, when day_ms < cutoff first
+        // takes in the day before (at midnight itself it deletes what the run before did).
+        assert_eq!(bumps, vec![0, 1, 25]);
     }
 }
