@@ -756,11 +756,15 @@ fn validate_store(s: &StoreConfig, f: &ForecastConfig, p: &mut Problems) {
     if s.minute_retention_days < s.raw_retention_days {
         p.bad("store.minute_retention_days", "must be >= store.raw_retention_days");
     }
-    let forecast_days = f.lookback_days + f.worst_of_days.max(1) - 1;
-    if (s.day_retention_days as usize) < forecast_days {
+    // The forecast reads the forecast_days before today; retention deletes days older than
+    // now less day_retention_days, so one more day keeps the oldest of them all day long.
+    let needed_days = f.lookback_days + f.worst_of_days.max(1);
+    if (s.day_retention_days as usize) < needed_days {
         p.bad(
             "store.day_retention_days",
-            format!("must be >= forecast.lookback_days + forecast.worst_of_days - 1 ({forecast_days})"),
+            format!(
+                "must be >= forecast.lookback_days + forecast.worst_of_days ({needed_days}), so that the forecast's oldest day is kept until the day ends"
+            ),
         );
     }
 }
@@ -1120,6 +1124,12 @@ mod tests {
         .unwrap();
         assert_eq!(c.forecast.slos[0].trend_scale(), TrendScale::Linear);
         let e = Config::from_yaml("store:\n  day_retention_days: 20\n").unwrap_err();
+        assert_eq!(e[0].path, "store.day_retention_days");
+        // The forecast's days and one more: at the bound it passes, a day less does not.
+        let f = Config::default().forecast;
+        let needed = f.lookback_days + f.worst_of_days.max(1);
+        assert!(Config::from_yaml(&format!("store:\n  day_retention_days: {needed}\n")).is_ok());
+        let e = Config::from_yaml(&format!("store:\n  day_retention_days: {}\n", needed - 1)).unwrap_err();
         assert_eq!(e[0].path, "store.day_retention_days");
     }
 
