@@ -23,9 +23,8 @@ fn latency(model: &LstmAutoencoder, rows: &[Vec<f64>], n: usize) -> Result<f64> 
     Ok(t.elapsed().as_secs_f64() / n as f64)
 }
 
-/// The model settings of `network` (the rest at [`LstmAeConfig`]'s defaults).
-pub fn network_config(network: &NetworkArgs) -> LstmAeConfig {
-    let n = network;
+/// The model settings of the network options `n` (the rest at [`LstmAeConfig`]'s defaults).
+pub fn network_config(n: &NetworkArgs) -> LstmAeConfig {
     LstmAeConfig {
         window: n.window,
         hidden: n.hidden,

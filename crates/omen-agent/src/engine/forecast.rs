@@ -99,7 +99,7 @@ const RESET_OVERDUE: f64 = 1.25;
 /// made: the days the trend uses, the fitted trend and the reset rhythm.
 #[derive(Debug, Clone)]
 pub(super) struct SloFit {
-    /// Days of data the trend used (all the trailing-worst days before `min_days`).
+    /// Days the trend uses: the current regime's (its last `recent_days` when accelerating).
     days: usize,
     /// The latest trailing-worst day.
     latest: Option<f64>,
