@@ -5,6 +5,7 @@
 //! per week on healthy traces, and detection delay of abrupt faults. With `--seeds N`
 //! each scenario runs under N seeds, so a lead time is a distribution and not one draw.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -408,8 +409,18 @@ pub fn by_scenario(results: &[ScenarioResult]) -> Vec<ScenarioAggregate> {
 pub fn evaluate(cfg: &Config, dir: &Path, work: &Path, options: EvaluateOptions) -> Result<Report> {
     let seeds = options.seeds.max(1);
     let mut runs: Vec<(PathBuf, Scenario, PathBuf)> = Vec::new();
+    let mut named: HashMap<String, PathBuf> = HashMap::new();
     for path in scenario_files(dir)? {
         let scenario = Scenario::load(&path)?;
+        // Each scenario's runs work in a folder named after it, and the report groups by name.
+        if let Some(first) = named.insert(scenario.name.clone(), path.clone()) {
+            anyhow::bail!(
+                "{} and {} both name their scenario {:?}; give each file its own `name` (runs of one scenario under several seeds come from --seeds)",
+                first.display(),
+                path.display(),
+                scenario.name
+            );
+        }
         for k in 0..seeds as u64 {
             let mut run = scenario.clone();
             run.seed = scenario.seed.wrapping_add(k);
@@ -672,5 +683,21 @@ mod tests {
         let summary = summarize(std::slice::from_ref(&r));
         assert_eq!((summary.trap_runs, summary.trap_warnings, summary.slow_drift_runs), (1, 1, 0));
         assert!(summary.missed.is_empty());
+    }
+
+    #[test]
+    fn two_scenario_files_of_one_name_are_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = "name: same\ndays: 2\nstep: 1h\nfault: {kind: kvf_step, onset_days: 1, magnitude: 0.3}\n";
+        std::fs::write(dir.path().join("a.yaml"), yaml).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), yaml).unwrap();
+        let options = EvaluateOptions { seeds: 1, jobs: 1, baseline: false };
+        let e = evaluate(&Config::default(), dir.path(), &dir.path().join("work"), options).unwrap_err();
+        let message = format!("{e:#}");
+        assert!(
+            message.contains("a.yaml") && message.contains("b.yaml") && message.contains("\"same\""),
+            "{message}"
+        );
+        assert!(!dir.path().join("work").exists(), "nothing ran: {message}");
     }
 }

@@ -39,7 +39,7 @@ pub use tle::{first_token_entropy_bits, first_token_entropy_from_top_logprobs, T
 pub use trend::{
     breach_interval, current_regime_start, days_to_breach, median, regime_starts, reset_cycle,
     residual_scale, theil_sen, trailing_worst, BreachDirection, BreachForecast, TheilSen, WeeklyProfile,
-    EARLY_WARNING_DAYS, REGIME_SHIFT_CRITICAL, WARNING_MARGIN_DAYS, WEEKLY_PROFILE_MIN_DAYS,
+    EARLY_WARNING_DAYS, REGIME_MIN_SIDE, REGIME_SHIFT_CRITICAL, WARNING_MARGIN_DAYS, WEEKLY_PROFILE_MIN_DAYS,
 };
 pub use window::{window_anomaly_score_direct, WindowAnomaly, WindowScore, SKEW_WEIGHT, STD_EPSILON};
 

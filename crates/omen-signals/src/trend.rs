@@ -170,8 +170,8 @@ impl BreachForecast {
 /// with the length because the slope it removes is estimated from the same points).
 pub const REGIME_SHIFT_CRITICAL: f64 = 25.0;
 
-/// Points on each side of a candidate level shift.
-const REGIME_MIN_SIDE: usize = 3;
+/// Points on each side of a candidate level shift: a shift is seen once this many days follow it.
+pub const REGIME_MIN_SIDE: usize = 3;
 
 /// Sum of absolute deviations from the median.
 fn absolute_deviation(values: &[f64]) -> f64 {

@@ -260,6 +260,9 @@ impl Engine {
             after,
             shift_sigmas: (after - o.mean) / (o.std + omen_signals::STD_EPSILON),
         };
+        let onsets = self.shift_onsets.entry(signal.to_owned()).or_default();
+        let newest = if o.direction > 0.0 { &mut onsets.up_ms } else { &mut onsets.down_ms };
+        *newest = Some(newest.map_or(o.ts_ms, |t| t.max(o.ts_ms)));
         self.live.level_shifts.get_or_create(&vec![("signal".to_owned(), signal.to_owned())]).inc();
         let mut stored_labels = labels.clone();
         stored_labels.insert("signal".into(), signal.to_owned());

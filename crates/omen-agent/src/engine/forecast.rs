@@ -7,14 +7,14 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use omen_signals::{
     breach_interval, catalogue, current_regime_start, days_to_breach, reset_cycle, residual_scale, theil_sen,
-    trailing_worst, BreachDirection, WeeklyProfile, WARNING_MARGIN_DAYS,
+    trailing_worst, BreachDirection, WeeklyProfile, REGIME_MIN_SIDE, WARNING_MARGIN_DAYS,
 };
 use omen_sources::Sample;
 use serde::{Deserialize, Serialize};
 
 use super::{to_labels, AlertEvent, Engine, Level};
 use crate::config::{Direction, SloConfig, SloIndicator, TrendScale};
-use omen_store::DAY_MS;
+use omen_store::{Resolution, DAY_MS};
 
 /// The Theil-Sen fit of the last `recent` of the days `x`, `y` when its slope interval lies
 /// wholly beyond that of `all`, their fit over every day, towards the breach (both at
@@ -80,6 +80,11 @@ pub struct SloForecast {
     /// periodic restarts free, see `omen_signals::reset_cycle`); a breach forecast beyond
     /// it (plus a day) does not warn. `None` without such resets, or once one is overdue.
     pub reset_expected_in_days: Option<f64>,
+    /// The onset (Unix ms) of a lasting shift away from the breach that came after the
+    /// trend's regime began and took the indicator back past the regime's median (a restart
+    /// that frees a leak): the trend follows a regime that has ended, so the early warning
+    /// it would give waits until the regime split sees the shift. `None` otherwise.
+    pub warning_held_by_shift_ms: Option<i64>,
     /// The current early warning: when it started and what it said then; `None` without one.
     pub warned: Option<WarnedForecast>,
     /// The daily indicator the trend was fitted to: (day midpoint in days since the epoch,
@@ -225,6 +230,7 @@ impl SloFit {
             early_warning: false,
             accelerating: false,
             reset_expected_in_days: None,
+            warning_held_by_shift_ms: None,
             warned: None,
             daily: raw,
             trend: None,
@@ -367,9 +373,62 @@ impl Engine {
                     fit
                 }
             };
-            out.push(fit.forecast_at(f, slo, raw, now_ms));
+            let mut fc = fit.forecast_at(f, slo, raw, now_ms);
+            // Only a warning about to start is held: one already standing goes on until
+            // its forecast ends it.
+            if fc.early_warning && !self.warnings.contains_key(&slo.name) {
+                if let Some(onset_ms) = self.unfitted_reset(slo, &fc, now_ms)? {
+                    fc.early_warning = false;
+                    fc.warning_held_by_shift_ms = Some(onset_ms);
+                }
+            }
+            out.push(fc);
         }
         Ok(out)
+    }
+
+    /// The onset of a lasting shift of `slo`'s indicator away from the breach that `fc`'s
+    /// trend does not know about, if it took the indicator back past the trend's median
+    /// day (see [`SloForecast::warning_held_by_shift_ms`]). A shift counts from its regime's
+    /// start until the regime split can see it ([`REGIME_MIN_SIDE`] complete days after its
+    /// day). The indicator since the onset (its last day at most, from minute aggregates) is
+    /// read at most once an hour, and only while a warning would start.
+    fn unfitted_reset(&mut self, slo: &SloConfig, fc: &SloForecast, now_ms: i64) -> Result<Option<i64>> {
+        let Some(trend) = &fc.trend else {
+            return Ok(None);
+        };
+        let def = IndicatorDefinition::of(slo.indicator);
+        let (source, opposite) = shift_source(slo.indicator);
+        let breach = slo.breach_direction();
+        let away_is_up = (breach == BreachDirection::Below) != opposite;
+        let onset = self.shift_onsets.get(source).and_then(|o| if away_is_up { o.up_ms } else { o.down_ms });
+        let Some(onset_ms) = onset else {
+            return Ok(None);
+        };
+        let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
+        let regime_start_ms = ((trend.from_day - 0.5) * DAY_MS as f64).round() as i64;
+        if onset_ms < regime_start_ms || onset_ms < today - REGIME_MIN_SIDE as i64 * DAY_MS {
+            return Ok(None);
+        }
+        let hour = now_ms.div_euclid(HOUR_MS);
+        if let Some(&(checked_hour, checked_onset, undone)) = self.reset_checks.get(&slo.name) {
+            if checked_hour == hour && checked_onset == onset_ms {
+                return Ok(undone.then_some(onset_ms));
+            }
+        }
+        let since = indicator_since(&self.store, def, onset_ms.max(now_ms - DAY_MS), now_ms)?;
+        let undone = since.is_some_and(|v| {
+            if trend.scale != TrendScale::Linear && v <= 0.0 {
+                return false;
+            }
+            let v = trend.scale.apply(v);
+            match trend.scale.direction(breach) {
+                BreachDirection::Above => v < trend.y_median,
+                BreachDirection::Below => v > trend.y_median,
+            }
+        });
+        self.reset_checks.insert(slo.name.clone(), (hour, onset_ms, undone));
+        Ok(undone.then_some(onset_ms))
     }
 
     /// Publishes each forecast's time to breach in seconds (withdrawn when not forecast), adds them to
@@ -484,6 +543,52 @@ pub fn daily_indicator(
         by_day.entry(d.day_ms).or_default().push(def.statistic.of_aggregate(&d));
     }
     Ok(by_day.into_iter().map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v))).collect())
+}
+
+/// An hour in ms.
+const HOUR_MS: i64 = 3_600_000;
+
+/// The newest lasting shift of one signal in each direction (its onset, Unix ms; any series).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ShiftOnsets {
+    /// The newest shift up.
+    pub(super) up_ms: Option<i64>,
+    /// The newest shift down.
+    pub(super) down_ms: Option<i64>,
+}
+
+/// The scored signal whose lasting shifts move `indicator`, and whether it moves opposite
+/// to it: the headroom is derived from the GPU memory used, and only that is scored.
+fn shift_source(indicator: SloIndicator) -> (&'static str, bool) {
+    match indicator {
+        SloIndicator::VramHeadroom => (catalogue::GPU_MEMORY_USED_BYTES.name, true),
+        other => (IndicatorDefinition::of(other).signal, false),
+    }
+}
+
+/// Series need this many minutes since a shift to say where the indicator stands.
+const MIN_MINUTES_SINCE_SHIFT: usize = 30;
+
+/// `def`'s statistic over [from, until) instead of a day, from minute aggregates (their
+/// means, so a percentile reads a little low): each series with at least
+/// [`MIN_MINUTES_SINCE_SHIFT`] minutes, combined as the days are; `None` without one.
+fn indicator_since(
+    store: &omen_store::Store,
+    def: IndicatorDefinition,
+    from_ms: i64,
+    until_ms: i64,
+) -> Result<Option<f64>> {
+    let series = store.range(def.signal, &BTreeMap::new(), from_ms, until_ms, 60_000, Resolution::Minute)?;
+    let per_series: Vec<f64> = series
+        .into_iter()
+        .filter(|s| s.points.len() >= MIN_MINUTES_SINCE_SHIFT)
+        .map(|s| {
+            let mut v: Vec<f64> = s.points.into_iter().map(|p| p.1).collect();
+            v.sort_by(f64::total_cmp);
+            def.statistic.of_sorted(&v)
+        })
+        .collect();
+    Ok((!per_series.is_empty()).then(|| def.combine.apply(&per_series)))
 }
 
 /// What a cached daily indicator was read for (see [`Engine::daily_indicator`]).
@@ -895,6 +1000,66 @@ mod tests {
         let kv = restarted_leak_forecast(31, 28);
         assert_eq!(kv.reset_expected_in_days, None, "{kv:?}");
         assert!(kv.early_warning, "{kv:?}");
+    }
+
+    /// A GPU of 80 GB whose memory leaks 2.5 GB a day from 10 GB; a deploy on day 8 takes it
+    /// from 30 to 40 GB (a step the regime split starts a regime at), and when
+    /// `restart_at_noon_day_14` a restart at noon on day 14 frees the leak. Samples every
+    /// 10 minutes until noon on day 15, when the line of days 8 to 14 (7 days) first
+    /// forecasts a breach of the 5% headroom, within a week. The vram_headroom forecast then.
+    fn leak_restarted_before_its_first_forecast(restart_at_noon_day_14: bool) -> SloForecast {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n");
+        let t0 = 1_793_577_600_000;
+        let gib = 1024.0 * 1024.0 * 1024.0;
+        let step = 600_000;
+        let end = t0 + 15 * DAY_MS + DAY_MS / 2;
+        let mut ts = t0;
+        while ts < end {
+            let day = (ts - t0) as f64 / DAY_MS as f64;
+            let used = if day < 8.0 {
+                10.0 + 2.5 * day
+            } else if restart_at_noon_day_14 && day >= 14.5 {
+                40.0 + 2.5 * (day - 14.5)
+            } else {
+                40.0 + 2.5 * (day - 8.0)
+            };
+            // A little scatter, as a real allocator gives.
+            let wobble = 0.05 * (((ts / step) * 7919 % 13) as f64 - 6.0) / 6.0;
+            let labels: std::collections::BTreeMap<String, String> =
+                [("gpu".to_owned(), "0".to_owned())].into();
+            let sample = |signal: &str, value: f64| Sample {
+                ts_ms: ts,
+                signal: signal.into(),
+                labels: labels.clone(),
+                value,
+            };
+            e.process(vec![
+                sample(catalogue::GPU_MEMORY_USED_BYTES.name, (used + wobble) * gib),
+                sample(catalogue::GPU_MEMORY_TOTAL_BYTES.name, 80.0 * gib),
+            ])
+            .unwrap();
+            ts += step;
+        }
+        let s = e.tick(end).unwrap();
+        s.forecasts.into_iter().find(|f| f.slo == "vram_headroom").unwrap()
+    }
+
+    #[test]
+    fn a_restart_that_frees_a_leak_holds_the_warning_its_old_regime_would_give() {
+        // Without the restart, the line of days 8 to 14 warns at once.
+        let leak = leak_restarted_before_its_first_forecast(false);
+        assert!(leak.early_warning, "{leak:?}");
+        assert_eq!(leak.warning_held_by_shift_ms, None, "{leak:?}");
+        // The restart at noon on day 14 has freed the leak: the daily values do not show it
+        // yet (day 14's minimum is from before it), the line still crosses within a week,
+        // but the warning waits and names the restart's shift.
+        let restarted = leak_restarted_before_its_first_forecast(true);
+        assert!(restarted.days_to_breach.is_some_and(|d| d < 14.0), "{restarted:?}");
+        assert!(!restarted.early_warning, "{restarted:?}");
+        let onset = restarted.warning_held_by_shift_ms.unwrap_or_else(|| panic!("{restarted:?}"));
+        let noon_day_14 = 1_793_577_600_000 + 14 * DAY_MS + DAY_MS / 2;
+        assert!((onset - noon_day_14).abs() <= 600_000, "onset {onset}, restart {noon_day_14}");
     }
 
     /// TTFT of a queue whose utilisation rises 1.5 points a day from 0.5: 0.2 s / (1 - rho),

@@ -68,6 +68,11 @@ pub struct Engine {
     events: Vec<AlertEvent>,
     /// Lasting level shifts, newest first (detection.rs).
     changes: std::collections::VecDeque<LevelShift>,
+    /// The newest lasting shift of each signal, up and down (any series): a forecast holds
+    /// a new warning after a shift away from the breach that its regime does not know yet.
+    shift_onsets: HashMap<String, forecast::ShiftOnsets>,
+    /// Per SLO, the last check of such a shift: (hour, onset, whether it undid the trend).
+    reset_checks: HashMap<String, (i64, i64, bool)>,
     /// Their `level_shift` samples, stored at the next tick.
     pending_shifts: Vec<Sample>,
     /// The coupled latency model's last result, and when it was computed (explain.rs).
@@ -126,6 +131,8 @@ impl Engine {
             warnings,
             events: Vec::new(),
             changes: std::collections::VecDeque::new(),
+            shift_onsets: HashMap::new(),
+            reset_checks: HashMap::new(),
             pending_shifts: Vec::new(),
             model_contributions: Vec::new(),
             #[cfg(feature = "lstm")]
