@@ -40,6 +40,44 @@ struct Onset {
     /// Samples after the onset that stayed away from the old normal, and their sum.
     held: usize,
     held_sum: f64,
+    /// Whether the new level is the one the series had a week before, at the same time of
+    /// the week (a weekly cycle: weekend traffic, a weekly restart); asked once the change
+    /// holds (`None` before). Such a change carries no risk and is not listed as a lasting
+    /// shift; the forecasts still see it (`Engine::shift_onsets`).
+    weekly: Option<bool>,
+}
+
+/// A week in ms: a change that returns to the level of a week before is the weekly cycle.
+const WEEK_MS: i64 = 7 * 86_400_000;
+
+/// How much of the level a week before a change is compared with the level after it.
+const WEEK_BEFORE_SPAN_MS: i64 = 3_600_000;
+
+/// Whether `o`'s new level (the mean of the samples that held, or `x` before any held) lies
+/// within [`HOLD_SIGMAS`] of the old normal's sigma of the series' mean over the hour that
+/// started one week before the onset, from the store's minute aggregates. No data a week
+/// before (a new series, the first week) or a failed read answers no: the change counts.
+fn seen_a_week_before(
+    store: &omen_store::Store,
+    signal: &str,
+    labels: &BTreeMap<String, String>,
+    o: &Onset,
+    x: f64,
+) -> bool {
+    let from = o.ts_ms - WEEK_MS;
+    let until = from + WEEK_BEFORE_SPAN_MS;
+    let level = if o.held > 0 { o.held_sum / o.held as f64 } else { x };
+    match store.range(signal, labels, from, until, WEEK_BEFORE_SPAN_MS, omen_store::Resolution::Minute) {
+        Ok(series) => series
+            .iter()
+            .find(|s| s.labels == *labels)
+            .and_then(|s| s.points.first())
+            .is_some_and(|p| (p.1 - level).abs() <= HOLD_SIGMAS * (o.std + omen_signals::STD_EPSILON)),
+        Err(e) => {
+            tracing::debug!("cannot read {signal} {labels:?} a week before a change, so it counts: {e:#}");
+            false
+        }
+    }
 }
 
 /// One scored series: its detector, its onset, its live gauges and its store ids.
@@ -95,10 +133,11 @@ impl SeriesState {
         now_ms - self.last_ts <= STALE_MS
     }
 
-    /// Risk of the series: that of its onset once the change has held for `persistence` samples.
+    /// Risk of the series: that of its onset once the change has held for `persistence`
+    /// samples, unless it is the weekly cycle.
     fn held_risk(&self, persistence: usize) -> f64 {
         match self.onset {
-            Some(o) if o.held + 1 >= persistence => o.risk,
+            Some(o) if o.held + 1 >= persistence && o.weekly != Some(true) => o.risk,
             _ => 0.0,
         }
     }
@@ -131,6 +170,11 @@ impl Engine {
         // Values were validated as finite by every source; a failure here is a bug upstream.
         let detection = state.detector.push(s.ts_ms, s.value)?;
         let lasting = track_onset(state, &self.cfg.signals, s.ts_ms, s.value, &detection);
+        if let Some(o) = state.onset.as_mut() {
+            if o.weekly.is_none() && o.held + 1 >= self.cfg.signals.persistence {
+                o.weekly = Some(seen_a_week_before(&self.store, &s.signal, &s.labels, o, s.value));
+            }
+        }
         if let Some(score) = detection.score {
             state.last_score = score;
             match &state.anomaly_gauge {
@@ -241,15 +285,23 @@ fn track_onset(
             risk: d.risk,
             held: 0,
             held_sum: 0.0,
+            weekly: None,
         });
     }
     lasting
 }
 
 impl Engine {
-    /// Keeps a lasting shift of a series: in /scores/latest (the last 20), the
-    /// `level_shifts` counter, and the `level_shift` series stored at its onset.
+    /// Keeps a lasting shift of a series for the forecasts (`shift_onsets`) and, unless it
+    /// is the weekly cycle, in /scores/latest (the last 20), the `level_shifts` counter and
+    /// the `level_shift` series stored at its onset.
     fn record_shift(&mut self, signal: &str, labels: &BTreeMap<String, String>, now_ms: i64, o: Onset) {
+        let onsets = self.shift_onsets.entry(signal.to_owned()).or_default();
+        let newest = if o.direction > 0.0 { &mut onsets.up_ms } else { &mut onsets.down_ms };
+        *newest = Some(newest.map_or(o.ts_ms, |t| t.max(o.ts_ms)));
+        if o.weekly == Some(true) {
+            return;
+        }
         let after = if o.held > 0 { o.held_sum / o.held as f64 } else { o.mean };
         let shift = LevelShift {
             signal: signal.to_owned(),
@@ -260,9 +312,6 @@ impl Engine {
             after,
             shift_sigmas: (after - o.mean) / (o.std + omen_signals::STD_EPSILON),
         };
-        let onsets = self.shift_onsets.entry(signal.to_owned()).or_default();
-        let newest = if o.direction > 0.0 { &mut onsets.up_ms } else { &mut onsets.down_ms };
-        *newest = Some(newest.map_or(o.ts_ms, |t| t.max(o.ts_ms)));
         self.live.level_shifts.get_or_create(&vec![("signal".to_owned(), signal.to_owned())]).inc();
         let mut stored_labels = labels.clone();
         stored_labels.insert("signal".into(), signal.to_owned());
@@ -348,6 +397,44 @@ mod tests {
         }
         e.tick(t0 + 700_000).unwrap();
         assert_eq!(e.live.gauge("anomaly_risk", &labels), None);
+    }
+
+    /// KVF of one layer every 5 minutes from Monday 2026-11-02: 1.2 on weekdays, 0.8 over
+    /// the first weekend and `second_saturday` on the second Saturday (a little noise on
+    /// each). The health level 20 minutes into each Saturday, and the lasting shifts then.
+    fn weekly_cycle(second_saturday: f64) -> (Level, Level, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "signals: {detector: window, window: 20, persistence: 3}\n");
+        let t0 = 1_793_577_600_000;
+        let step = 300_000;
+        let day = 86_400_000;
+        let mut levels = Vec::new();
+        for i in 0..(12 * day + day / 2) / step {
+            let ts = t0 + i * step;
+            let level = match (ts - t0) / day {
+                5 | 6 => 0.8,
+                12 => second_saturday,
+                _ => 1.2,
+            };
+            e.process(vec![kvf(ts, level + 0.01 * ((i * 7) % 5) as f64)]).unwrap();
+            if ts == t0 + 5 * day + 20 * 60_000 || ts == t0 + 12 * day + 20 * 60_000 {
+                levels.push(e.tick(ts).unwrap().level);
+            }
+        }
+        let shifts = e.tick(t0 + 12 * day + day / 2).unwrap().changes.len();
+        (levels[0], levels[1], shifts)
+    }
+
+    #[test]
+    fn a_change_back_to_the_level_of_a_week_before_is_the_weekly_cycle() {
+        // The first weekend is a change (nothing a week before says otherwise), and so is a
+        // second Saturday at a level never seen; the second weekend at the first one's level
+        // is the weekly cycle: no risk, and no lasting shift.
+        let (first, second, shifts) = weekly_cycle(0.8);
+        assert_eq!((first, second), (Level::Critical, Level::Ok));
+        let (_, unseen, shifts_unseen) = weekly_cycle(2.0);
+        assert_eq!(unseen, Level::Critical);
+        assert_eq!(shifts_unseen, shifts + 1, "the unseen level is a lasting shift, the weekly one not");
     }
 
     #[test]
