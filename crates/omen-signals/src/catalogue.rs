@@ -125,10 +125,10 @@ signals! {
         "Anomaly score of a signal from signals.detector: novelty_surprise in [0,1] (default), or the window score |x-mean|/(std+1e-8) + 0.3|skew|";
     /// Debounced risk of one series while a change holds.
     ANOMALY_RISK = "anomaly_risk", "", "omen.anomaly_risk", true, None,
-        "Risk in (0,1] of a signal whose change has held for signals.persistence samples; present only while it holds";
+        "Risk in (0,1] of a signal whose change has held for signals.persistence samples (not the weekly cycle); present only while it holds";
     /// A lasting level shift of one series, stored at its onset.
     LEVEL_SHIFT = "level_shift", "", "omen.level_shift", true, None,
-        "A change that held for signals.latch: new mean minus old mean in old standard deviations, stored at the change's onset";
+        "A change that held for signals.latch (not the weekly cycle): new mean minus old mean in old standard deviations, stored at the change's onset";
     /// LSTM autoencoder score.
     LSTM_AE_SCORE = "lstm_ae_score", "", "omen.lstm_ae_score", true, None,
         "LSTM autoencoder anomaly score, [0,1]";

@@ -326,6 +326,11 @@ impl WeeklyProfile {
         Some(Self { offsets })
     }
 
+    /// The offset of `day`'s weekday (days since the epoch).
+    pub fn offset_on(&self, day: f64) -> f64 {
+        self.offsets[weekday(day)]
+    }
+
     /// `y` less each day's weekday offset.
     pub fn adjust(&self, x: &[f64], y: &[f64]) -> Vec<f64> {
         x.iter().zip(y).map(|(&xi, &yi)| yi - self.offsets[weekday(xi)]).collect()

@@ -127,6 +127,8 @@ struct TrendFit {
     worst_weekday_offset: f64,
     /// The line follows the last `recent_days`.
     accelerating: bool,
+    /// The weekly profile taken off the days before the fit, if any.
+    profile: Option<WeeklyProfile>,
 }
 
 impl SloFit {
@@ -168,11 +170,10 @@ impl SloFit {
         }
         // The trend of the series less its weekly cycle; the breach on its worst weekday.
         let mut worst_weekday_offset = 0.0;
-        if f.weekly_profile {
-            if let Some(profile) = WeeklyProfile::of(&x, &y) {
-                y = profile.adjust(&x, &y);
-                worst_weekday_offset = profile.worst(direction);
-            }
+        let profile = if f.weekly_profile { WeeklyProfile::of(&x, &y) } else { None };
+        if let Some(profile) = profile {
+            y = profile.adjust(&x, &y);
+            worst_weekday_offset = profile.worst(direction);
         }
         let Ok(mut fit) = theil_sen(&x, &y, f.confidence) else {
             return out;
@@ -202,8 +203,17 @@ impl SloFit {
         // The interval a user reads: the slope interval with the scatter of the days
         // around the trend, at the same confidence.
         let scatter = residual_scale(&fit, x, y);
-        out.trend = Some(TrendFit { fit, from_day: x[0], scatter, worst_weekday_offset, accelerating });
+        out.trend =
+            Some(TrendFit { fit, from_day: x[0], scatter, worst_weekday_offset, accelerating, profile });
         out
+    }
+
+    /// The line's value at its median day (trend scale) as a day on `day`'s weekday reads
+    /// it: with that weekday's offset in the regime's weekly profile (none in a regime
+    /// younger than two weeks: the lookback's profile would take a weekly restart's
+    /// sawtooth for the week's shape and excuse the restart). `None` without a line.
+    fn middle_on(&self, day: f64) -> Option<f64> {
+        self.trend.as_ref().map(|t| t.fit.y_median + t.profile.map_or(0.0, |p| p.offset_on(day)))
     }
 
     /// The forecast this fit gives at `now_ms`; `raw` is the daily indicator it was fitted to.
@@ -377,7 +387,7 @@ impl Engine {
             // Only a warning about to start is held: one already standing goes on until
             // its forecast ends it.
             if fc.early_warning && !self.warnings.contains_key(&slo.name) {
-                if let Some(onset_ms) = self.unfitted_reset(slo, &fc, now_ms)? {
+                if let Some(onset_ms) = self.unfitted_reset(slo, &fit, &fc, now_ms)? {
                     fc.early_warning = false;
                     fc.warning_held_by_shift_ms = Some(onset_ms);
                 }
@@ -388,13 +398,22 @@ impl Engine {
     }
 
     /// The onset of a lasting shift of `slo`'s indicator away from the breach that `fc`'s
-    /// trend does not know about, if it took the indicator back past the trend's median
-    /// day (see [`SloForecast::warning_held_by_shift_ms`]). A shift counts from its regime's
+    /// trend (`fit`) does not know about, if it took the indicator back past the trend's
+    /// median day as the shift's weekday reads it (with the weekly profile's offset; see
+    /// [`SloForecast::warning_held_by_shift_ms`]). A shift counts from its regime's
     /// start until the regime split can see it ([`REGIME_MIN_SIDE`] complete days after its
-    /// day). The indicator since the onset (its last day at most, from minute aggregates) is
-    /// read at most once an hour, and only while a warning would start.
-    fn unfitted_reset(&mut self, slo: &SloConfig, fc: &SloForecast, now_ms: i64) -> Result<Option<i64>> {
-        let Some(trend) = &fc.trend else {
+    /// day, plus `worst_of_days - 1`). The indicator since the onset (its last day at most,
+    /// from minute aggregates) is read at most once an hour, and only while a warning would
+    /// start.
+    fn unfitted_reset(
+        &mut self,
+        slo: &SloConfig,
+        fit: &SloFit,
+        fc: &SloForecast,
+        now_ms: i64,
+    ) -> Result<Option<i64>> {
+        // Without regimes no split would ever take the shift in: holding would only delay.
+        let (Some(trend), true) = (&fc.trend, self.cfg.forecast.regimes) else {
             return Ok(None);
         };
         let def = IndicatorDefinition::of(slo.indicator);
@@ -407,7 +426,10 @@ impl Engine {
         };
         let today = now_ms.div_euclid(DAY_MS) * DAY_MS;
         let regime_start_ms = ((trend.from_day - 0.5) * DAY_MS as f64).round() as i64;
-        if onset_ms < regime_start_ms || onset_ms < today - REGIME_MIN_SIDE as i64 * DAY_MS {
+        // The split sees a shift once REGIME_MIN_SIDE daily values follow its day, and a
+        // trailing worst of several days keeps the day before the shift that much longer.
+        let blind_days = (REGIME_MIN_SIDE + self.cfg.forecast.worst_of_days.max(1) - 1) as i64;
+        if onset_ms < regime_start_ms || onset_ms < today - blind_days * DAY_MS {
             return Ok(None);
         }
         let hour = now_ms.div_euclid(HOUR_MS);
@@ -417,14 +439,16 @@ impl Engine {
             }
         }
         let since = indicator_since(&self.store, def, onset_ms.max(now_ms - DAY_MS), now_ms)?;
+        // A weekend dip is judged against the weekend's own level, not the week's.
+        let middle = fit.middle_on(onset_ms as f64 / DAY_MS as f64).unwrap_or(trend.y_median);
         let undone = since.is_some_and(|v| {
             if trend.scale != TrendScale::Linear && v <= 0.0 {
                 return false;
             }
             let v = trend.scale.apply(v);
             match trend.scale.direction(breach) {
-                BreachDirection::Above => v < trend.y_median,
-                BreachDirection::Below => v > trend.y_median,
+                BreachDirection::Above => v < middle,
+                BreachDirection::Below => v > middle,
             }
         });
         self.reset_checks.insert(slo.name.clone(), (hour, onset_ms, undone));
@@ -1060,6 +1084,49 @@ mod tests {
         let onset = restarted.warning_held_by_shift_ms.unwrap_or_else(|| panic!("{restarted:?}"));
         let noon_day_14 = 1_793_577_600_000 + 14 * DAY_MS + DAY_MS / 2;
         assert!((onset - noon_day_14).abs() <= 600_000, "onset {onset}, restart {noon_day_14}");
+    }
+
+    /// KV usage of one layer every 10 minutes from Monday 2026-11-02 until noon on the
+    /// fourth Saturday: rising 0.2 points a day, 4 points lower at weekends, with a
+    /// day-to-day scatter of up to 1.5 points. At the end: the kv_usage forecast, and the
+    /// shift a warning about to start would wait for (under `forecast`).
+    fn weekend_dip(forecast: &str) -> (SloForecast, Option<i64>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), forecast);
+        let t0 = 1_793_577_600_000;
+        let step = 600_000;
+        let end = t0 + 26 * DAY_MS + DAY_MS / 2;
+        let scatter = [0.015, -0.01, 0.01, -0.015, 0.0];
+        let mut ts = t0;
+        while ts < end {
+            let day = (ts - t0) / DAY_MS;
+            let weekend = if matches!(day % 7, 5 | 6) { -0.04 } else { 0.0 };
+            let wobble = 0.002 * ((ts / step) % 3) as f64;
+            let value = 0.55 + 0.002 * day as f64 + weekend + scatter[day as usize % 5] + wobble;
+            let labels = [("layer".to_owned(), "0".to_owned())].into();
+            e.process(vec![Sample { ts_ms: ts, signal: "kvcache_usage_ratio".into(), labels, value }])
+                .unwrap();
+            ts += step;
+        }
+        let fc = e.tick(end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
+        let cfg = e.cfg.clone();
+        let slo = cfg.forecast.slos.iter().find(|s| s.name == "kv_usage").unwrap();
+        let fit = e.fit_cache["kv_usage"].1.clone();
+        let held = e.unfitted_reset(slo, &fit, &fc, end).unwrap();
+        (fc, held)
+    }
+
+    #[test]
+    fn a_weekend_dip_is_judged_against_the_weekends_own_level() {
+        // The Saturday's shift down is deeper than the line's rise since its middle day,
+        // but no deeper than the weekly profile's weekend offset: nothing is held.
+        let (fc, held) = weekend_dip("forecast: {min_days: 7, worst_of_days: 1}\n");
+        assert!(fc.trend.is_some() && fc.days >= 14, "a regime with a weekly profile: {fc:?}");
+        assert_eq!(held, None, "{fc:?}");
+        // Without the profile the same dip reads as a reset: the offset is what spares it.
+        let (fc, held) = weekend_dip("forecast: {min_days: 7, worst_of_days: 1, weekly_profile: false}\n");
+        let saturday = 1_793_577_600_000 + 26 * DAY_MS;
+        assert_eq!(held, Some(saturday), "{fc:?}");
     }
 
     /// TTFT of a queue whose utilisation rises 1.5 points a day from 0.5: 0.2 s / (1 - rho),
