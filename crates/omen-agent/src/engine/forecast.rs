@@ -1027,24 +1027,24 @@ mod tests {
     }
 
     /// A GPU of 80 GB whose memory leaks 2.5 GB a day from 10 GB; a deploy on day 8 takes it
-    /// from 30 to 40 GB (a step the regime split starts a regime at), and when
-    /// `restart_at_noon_day_14` a restart at noon on day 14 frees the leak. Samples every
-    /// 10 minutes until noon on day 15, when the line of days 8 to 14 (7 days) first
-    /// forecasts a breach of the 5% headroom, within a week. The vram_headroom forecast then.
-    fn leak_restarted_before_its_first_forecast(restart_at_noon_day_14: bool) -> SloForecast {
+    /// from 30 to 40 GB (a step the regime split starts a regime at), and a restart on day
+    /// `restart_day`, if any, frees the leak. Samples every 10 minutes until day `end_day`;
+    /// from day 15 on, the line of days 8 to 14 (7 days) forecasts a breach of the 5%
+    /// headroom within a week. The vram_headroom forecast at the end.
+    fn leak_forecast(restart_day: Option<f64>, end_day: f64) -> SloForecast {
         let dir = tempfile::tempdir().unwrap();
         let mut e = engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n");
         let t0 = 1_793_577_600_000;
         let gib = 1024.0 * 1024.0 * 1024.0;
         let step = 600_000;
-        let end = t0 + 15 * DAY_MS + DAY_MS / 2;
+        let end = t0 + (end_day * DAY_MS as f64) as i64;
         let mut ts = t0;
         while ts < end {
             let day = (ts - t0) as f64 / DAY_MS as f64;
             let used = if day < 8.0 {
                 10.0 + 2.5 * day
-            } else if restart_at_noon_day_14 && day >= 14.5 {
-                40.0 + 2.5 * (day - 14.5)
+            } else if let Some(restart) = restart_day.filter(|&r| day >= r) {
+                40.0 + 2.5 * (day - restart)
             } else {
                 40.0 + 2.5 * (day - 8.0)
             };
@@ -1072,18 +1072,25 @@ mod tests {
     #[test]
     fn a_restart_that_frees_a_leak_holds_the_warning_its_old_regime_would_give() {
         // Without the restart, the line of days 8 to 14 warns at once.
-        let leak = leak_restarted_before_its_first_forecast(false);
+        let leak = leak_forecast(None, 15.5);
         assert!(leak.early_warning, "{leak:?}");
         assert_eq!(leak.warning_held_by_shift_ms, None, "{leak:?}");
         // The restart at noon on day 14 has freed the leak: the daily values do not show it
         // yet (day 14's minimum is from before it), the line still crosses within a week,
         // but the warning waits and names the restart's shift.
-        let restarted = leak_restarted_before_its_first_forecast(true);
+        let restarted = leak_forecast(Some(14.5), 15.5);
         assert!(restarted.days_to_breach.is_some_and(|d| d < 14.0), "{restarted:?}");
         assert!(!restarted.early_warning, "{restarted:?}");
         let onset = restarted.warning_held_by_shift_ms.unwrap_or_else(|| panic!("{restarted:?}"));
         let noon_day_14 = 1_793_577_600_000 + 14 * DAY_MS + DAY_MS / 2;
         assert!((onset - noon_day_14).abs() <= 600_000, "onset {onset}, restart {noon_day_14}");
+        // A warning that stood before the restart is not ended by it: the hold only keeps
+        // new warnings from starting.
+        let standing = leak_forecast(Some(15.75), 16.5);
+        assert!(standing.early_warning, "{standing:?}");
+        let warned = standing.warned.as_ref().unwrap_or_else(|| panic!("{standing:?}"));
+        assert_eq!(warned.since_ms, 1_793_577_600_000 + 15 * DAY_MS, "{standing:?}");
+        assert_eq!(standing.warning_held_by_shift_ms, None, "{standing:?}");
     }
 
     /// KV usage of one layer every 10 minutes from Monday 2026-11-02 until noon on the
