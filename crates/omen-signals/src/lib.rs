@@ -34,7 +34,7 @@ pub use novelty::{
 pub use rci::{
     consistency_decay_index, repetition_ratio, Rci, RciParts, RciWeights, SemanticSimilarity, StreamingRci,
 };
-pub use time::{day_fraction_utc, DAY_MS, MINUTE_MS};
+pub use time::{day_fraction_utc, DAY_MS, HOUR_MS, MINUTE_MS};
 pub use tle::{first_token_entropy_bits, first_token_entropy_from_top_logprobs, TopKEntropy};
 pub use trend::{
     breach_interval, current_regime_start, days_to_breach, median, regime_starts, reset_cycle,

@@ -4,6 +4,9 @@
 /// Milliseconds in one minute (the store's folding unit).
 pub const MINUTE_MS: i64 = 60_000;
 
+/// Milliseconds in one hour.
+pub const HOUR_MS: i64 = 3_600_000;
+
 /// Milliseconds in one day (the forecasts' aggregation unit).
 pub const DAY_MS: i64 = 86_400_000;
 

@@ -34,8 +34,7 @@ const MINUTE_BLOCK_FORMAT: u8 = 2;
 /// The minute block formats this omen reads.
 const MINUTE_BLOCK_FORMATS: &[u8] = &[1, MINUTE_BLOCK_FORMAT];
 
-/// One hour.
-pub(crate) const HOUR_MS: i64 = 3_600_000;
+pub(crate) use omen_signals::HOUR_MS;
 
 /// A start (or bucket index) with the sum and count of the values that fall in it.
 pub(crate) type SumCount = (i64, f64, i64);

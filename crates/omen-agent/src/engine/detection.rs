@@ -48,10 +48,10 @@ struct Onset {
 }
 
 /// A week in ms: a change that returns to the level of a week before is the weekly cycle.
-const WEEK_MS: i64 = 7 * 86_400_000;
+const WEEK_MS: i64 = 7 * omen_signals::DAY_MS;
 
 /// How much of the level a week before a change, on each side of it, is compared.
-const WEEK_BEFORE_SPAN_MS: i64 = 3_600_000;
+const WEEK_BEFORE_SPAN_MS: i64 = omen_signals::HOUR_MS;
 
 /// Whether the same change happened a week before: the series' mean over the hour that
 /// ended one week before the onset lies within [`HOLD_SIGMAS`] of the old normal's sigma

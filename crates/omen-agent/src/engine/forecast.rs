@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{to_labels, AlertEvent, Engine, Level};
 use crate::config::{Direction, SloConfig, SloIndicator, TrendScale};
+use omen_signals::HOUR_MS;
 use omen_store::{Resolution, DAY_MS};
 
 /// The Theil-Sen fit of the last `recent` of the days `x`, `y` when its slope interval lies
@@ -131,6 +132,16 @@ struct TrendFit {
     profile: Option<WeeklyProfile>,
 }
 
+impl TrendFit {
+    /// The line's value at its median day (trend scale) as a day on `day`'s weekday reads
+    /// it: with that weekday's offset in the regime's weekly profile (none in a regime
+    /// younger than two weeks: the lookback's profile would take a weekly restart's
+    /// sawtooth for the week's shape and excuse the restart).
+    fn middle_on(&self, day: f64) -> f64 {
+        self.fit.y_median + self.profile.map_or(0.0, |p| p.offset_on(day))
+    }
+}
+
 impl SloFit {
     /// The fit of `slo` to its daily indicator `raw` (day midpoint, value; oldest first).
     fn of(f: &crate::config::ForecastConfig, slo: &SloConfig, raw: &[(f64, f64)]) -> Self {
@@ -206,14 +217,6 @@ impl SloFit {
         out.trend =
             Some(TrendFit { fit, from_day: x[0], scatter, worst_weekday_offset, accelerating, profile });
         out
-    }
-
-    /// The line's value at its median day (trend scale) as a day on `day`'s weekday reads
-    /// it: with that weekday's offset in the regime's weekly profile (none in a regime
-    /// younger than two weeks: the lookback's profile would take a weekly restart's
-    /// sawtooth for the week's shape and excuse the restart). `None` without a line.
-    fn middle_on(&self, day: f64) -> Option<f64> {
-        self.trend.as_ref().map(|t| t.fit.y_median + t.profile.map_or(0.0, |p| p.offset_on(day)))
     }
 
     /// The forecast this fit gives at `now_ms`; `raw` is the daily indicator it was fitted to.
@@ -387,7 +390,7 @@ impl Engine {
             // Only a warning about to start is held: one already standing goes on until
             // its forecast ends it.
             if fc.early_warning && !self.warnings.contains_key(&slo.name) {
-                if let Some(onset_ms) = self.unfitted_reset(slo, &fit, &fc, now_ms)? {
+                if let Some(onset_ms) = self.unfitted_reset(slo, &fit, now_ms)? {
                     fc.early_warning = false;
                     fc.warning_held_by_shift_ms = Some(onset_ms);
                 }
@@ -397,23 +400,17 @@ impl Engine {
         Ok(out)
     }
 
-    /// The onset of a lasting shift of `slo`'s indicator away from the breach that `fc`'s
-    /// trend (`fit`) does not know about, if it took the indicator back past the trend's
-    /// median day as the shift's weekday reads it (with the weekly profile's offset; see
+    /// The onset of a lasting shift of `slo`'s indicator away from the breach that `fit`'s
+    /// trend does not know about, if it took the indicator back past the trend's median day
+    /// as the shift's weekday reads it ([`TrendFit::middle_on`]; see
     /// [`SloForecast::warning_held_by_shift_ms`]). A shift counts from its regime's
     /// start until the regime split can see it ([`REGIME_MIN_SIDE`] complete days after its
     /// day, plus `worst_of_days - 1`). The indicator since the onset (its last day at most,
     /// from minute aggregates) is read at most once an hour, and only while a warning would
     /// start.
-    fn unfitted_reset(
-        &mut self,
-        slo: &SloConfig,
-        fit: &SloFit,
-        fc: &SloForecast,
-        now_ms: i64,
-    ) -> Result<Option<i64>> {
+    fn unfitted_reset(&mut self, slo: &SloConfig, fit: &SloFit, now_ms: i64) -> Result<Option<i64>> {
         // Without regimes no split would ever take the shift in: holding would only delay.
-        let (Some(trend), true) = (&fc.trend, self.cfg.forecast.regimes) else {
+        let (Some(trend), true) = (&fit.trend, self.cfg.forecast.regimes) else {
             return Ok(None);
         };
         let def = IndicatorDefinition::of(slo.indicator);
@@ -440,13 +437,14 @@ impl Engine {
         }
         let since = indicator_since(&self.store, def, onset_ms.max(now_ms - DAY_MS), now_ms)?;
         // A weekend dip is judged against the weekend's own level, not the week's.
-        let middle = fit.middle_on(onset_ms as f64 / DAY_MS as f64).unwrap_or(trend.y_median);
+        let middle = trend.middle_on(onset_ms as f64 / DAY_MS as f64);
+        let scale = slo.trend_scale();
         let undone = since.is_some_and(|v| {
-            if trend.scale != TrendScale::Linear && v <= 0.0 {
+            if scale != TrendScale::Linear && v <= 0.0 {
                 return false;
             }
-            let v = trend.scale.apply(v);
-            match trend.scale.direction(breach) {
+            let v = scale.apply(v);
+            match scale.direction(breach) {
                 BreachDirection::Above => v < middle,
                 BreachDirection::Below => v > middle,
             }
@@ -568,9 +566,6 @@ pub fn daily_indicator(
     }
     Ok(by_day.into_iter().map(|(day, v)| (day as f64 / DAY_MS as f64 + 0.5, def.combine.apply(&v))).collect())
 }
-
-/// An hour in ms.
-const HOUR_MS: i64 = 3_600_000;
 
 /// The newest lasting shift of one signal in each direction (its onset, Unix ms; any series).
 #[derive(Debug, Clone, Copy, Default)]
@@ -1119,7 +1114,7 @@ mod tests {
         let cfg = e.cfg.clone();
         let slo = cfg.forecast.slos.iter().find(|s| s.name == "kv_usage").unwrap();
         let fit = e.fit_cache["kv_usage"].1.clone();
-        let held = e.unfitted_reset(slo, &fit, &fc, end).unwrap();
+        let held = e.unfitted_reset(slo, &fit, end).unwrap();
         (fc, held)
     }
 
