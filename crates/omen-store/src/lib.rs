@@ -329,6 +329,30 @@ mod tests {
     }
 
     #[test]
+    fn an_offline_store_compacts_at_its_own_level_and_reads_like_a_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = Store::open(&dir.path().join("plain.db")).unwrap();
+        let offline = Store::open_offline(&dir.path().join("offline.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        for i in 0..(8 * 360) {
+            let b = [
+                sample(t0 + i * 10_000, "kv", "0", (i as f64 * 0.37).sin()),
+                sample(t0 + i * 10_000, "kv", "1", 0.5),
+            ];
+            plain.insert(&b).unwrap();
+            offline.insert(&b).unwrap();
+        }
+        let sealed_all = t0 + 8 * 3_600_000;
+        let (a, b) = (offline.compact_all(sealed_all).unwrap(), plain.compact_all(sealed_all).unwrap());
+        assert!(a.blocks > 0 && (a.blocks, a.rows) == (b.blocks, b.rows), "{a:?} {b:?}");
+        for resolution in [Resolution::Raw, Resolution::Minute] {
+            let range =
+                |s: &Store| s.range("kv", &BTreeMap::new(), t0, sealed_all, 60_000, resolution).unwrap();
+            assert_eq!(range(&offline), range(&plain));
+        }
+    }
+
+    #[test]
     fn an_offline_store_commits_after_its_batch_bound_without_a_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("offline.db");
