@@ -87,12 +87,12 @@ pub(crate) fn seal_value(v: f64) -> f64 {
 }
 
 /// pco's compression level for the blocks of a store that is kept: pco's default.
-pub(crate) const COMPRESSION_LEVEL: usize = 8;
+pub(crate) const COMPRESSION_LEVEL: usize = pco::DEFAULT_COMPRESSION_LEVEL;
 
 /// pco's compression level for an offline store's blocks (a replay's, rebuilt at will).
-/// Choosing the bins is most of pco's time on blocks this small: level 2 replays a 42-day,
-/// 9-series trace 9% faster than level 8 (10.2-10.3 s against 9.4 s) for 0.03% more
-/// bytes, with the same report (docs/evaluation.md, "Replay speed").
+/// On blocks this small pco spends most of its time choosing bins: at level 2 a 42-day,
+/// 9-series replay takes 9.0-9.3 s instead of 10.2-10.4 s for 0.03% more bytes, with the
+/// same report (docs/evaluation.md, "Replay speed").
 pub(crate) const OFFLINE_COMPRESSION_LEVEL: usize = 2;
 
 /// Appends one column compressed at pco's `level`: its byte length (u32 LE), then pco's bytes.

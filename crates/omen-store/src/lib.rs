@@ -350,6 +350,17 @@ mod tests {
                 |s: &Store| s.range("kv", &BTreeMap::new(), t0, sealed_all, 60_000, resolution).unwrap();
             assert_eq!(range(&offline), range(&plain));
         }
+        // Each store's blocks are what its own level encodes, and the two levels differ here.
+        let first_block = |s: &Store| -> Vec<u8> {
+            let conn = s.reader().unwrap();
+            let sql = "SELECT data FROM sample_blocks ORDER BY series_id, start_ms LIMIT 1";
+            conn.query_row(sql, [], |r| r.get(0)).unwrap()
+        };
+        let (offline_bytes, plain_bytes) = (first_block(&offline), first_block(&plain));
+        let block = blocks::RawBlock::decode(&plain_bytes).unwrap();
+        assert_eq!(block.encode(blocks::COMPRESSION_LEVEL).unwrap(), plain_bytes);
+        assert_eq!(block.encode(blocks::OFFLINE_COMPRESSION_LEVEL).unwrap(), offline_bytes);
+        assert_ne!(offline_bytes, plain_bytes);
     }
 
     #[test]

@@ -1089,8 +1089,9 @@ mod tests {
     }
 
     /// Canary TTFT of a queue, every 10 minutes: utilisation 0.3 until day 8, then 0.6
-    /// rising 0.02 a day (1/TTFT falls in a straight line towards the 2 s SLO), until a
-    /// scale-out at `scale_out_day` halves it; the ttft_p99 forecast at `end_day`.
+    /// rising 0.02 a day (1/TTFT falls in a straight line and reaches the 2 s SLO at
+    /// utilisation 0.9, on day 23), until a scale-out at `scale_out_day` halves the
+    /// utilisation; the ttft_p99 forecast at `end_day`.
     fn queue_forecast(scale_out_day: Option<f64>, end_day: f64) -> SloForecast {
         let dir = tempfile::tempdir().unwrap();
         let mut e = engine(dir.path(), "forecast: {min_days: 7, worst_of_days: 1}\n");
@@ -1125,8 +1126,9 @@ mod tests {
         let queue = queue_forecast(None, 15.5);
         assert_eq!(queue.scale, TrendScale::Reciprocal);
         assert!(queue.early_warning && queue.warning_held_by_shift_ms.is_none(), "{queue:?}");
-        // The scale-out at noon on day 14 took TTFT down to half its level: 1/TTFT since
-        // then lies above the line's middle, on the safe side of the reciprocal scale.
+        // The scale-out at noon on day 14 halved the utilisation (0.73 to 0.37): TTFT fell
+        // from 0.74 s to 0.32 s, and 1/TTFT since then (3.2) lies above the line's middle
+        // (about 1.65), on the safe side of the reciprocal scale.
         let scaled = queue_forecast(Some(14.5), 15.5);
         assert!(scaled.days_to_breach.is_some_and(|d| d < 14.0), "{scaled:?}");
         assert!(!scaled.early_warning, "{scaled:?}");
