@@ -286,14 +286,20 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
     print(f"     final state ({scenario}): /metrics omen_health_score={h}; /scores/latest health_score="
           f"{health.get('health_score')} level={health.get('level')} contributors={json.dumps(health.get('contributors'))}")
     fc = {}
-    slos = sorted({lab.get("slo") for n, lab, _ in m if n == "omen_forecast_time_to_breach_seconds" and lab.get("slo")})
+    slos = sorted({lab.get("slo") for n, lab, _ in m
+                   if n in ("omen_forecast_time_to_breach_seconds", "omen_forecast_early_warning") and lab.get("slo")})
     for slo in slos:
         d = days(gauge(m, "omen_forecast_time_to_breach_seconds", slo=slo))
         u = days(gauge(m, "omen_forecast_time_to_breach_upper_seconds", slo=slo))
-        fc[slo] = (d, u)
+        w = gauge(m, "omen_forecast_early_warning", slo=slo)
+        fc[slo] = (d, u, w)
         api = next((f for f in health.get("forecasts") or [] if f.get("slo") == slo), {})
-        print(f"     forecast {slo:14s} days_to_breach={d!s:22s} upper={u!s:22s} "
-              f"early_warning={api.get('early_warning')} latest={api.get('latest')} threshold={api.get('threshold')}")
+        print(f"     forecast {slo:14s} days_to_breach={d!s:22s} upper={u!s:22s} omen_forecast_early_warning={w} "
+              f"early_warning={api.get('early_warning')} warned={api.get('warned') is not None} "
+              f"latest={api.get('latest')} threshold={api.get('threshold')}")
+        warned = api.get("warned") is not None
+        check(w == (1.0 if warned else 0.0),
+              f"omen_forecast_early_warning{{slo=\"{slo}\"}} = {w}, as /scores/latest has {'a' if warned else 'no'} warning")
 
     check(h is not None, "/metrics exports omen_health_score")
     hv = -1.0 if h is None else h
@@ -304,20 +310,20 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
     check(health.get("level") == band, f"/scores/latest level '{health.get('level')}' matches the score band '{band}'")
 
     def within(slo, limit):
-        d, u = fc.get(slo, (None, None))
+        d, u, _ = fc.get(slo, (None, None, None))
         return d is not None and u is not None and d <= limit and u <= limit
 
     def warns(slo):
-        # OmenSLOBreachForecast: within the horizon, and an upper end exists.
-        d, u = fc.get(slo, (None, None))
-        return d is not None and u is not None and d <= HORIZON
+        # OmenSLOBreachForecast: the agent's warning stands.
+        return fc.get(slo, (None, None, None))[2] == 1.0
 
     alerts = []
     if scenario == "degradation":
         check(hv >= WARN, f"omen_health_score {h} >= {WARN} (early warning)")
         for slo in ("kv_usage", "kvf"):
-            d, u = fc.get(slo, (None, None))
-            check(warns(slo), f"omen_forecast_time_to_breach_seconds{{slo=\"{slo}\"}} {d} days <= {HORIZON:g} with _upper {u} days")
+            d, u, _ = fc.get(slo, (None, None, None))
+            check(warns(slo) and d is not None and u is not None and d <= HORIZON,
+                  f"omen_forecast_early_warning{{slo=\"{slo}\"}} == 1, omen_forecast_time_to_breach_seconds {d} days <= {HORIZON:g} with _upper {u} days")
     else:
         check(0 <= hv < WARN, f"omen_health_score {h} < {WARN}")
         near = [s for s in fc if warns(s)]
@@ -329,7 +335,7 @@ def cmd_state(scenario, metrics_path, latest_path, expect_path, instance):
     elif hv >= WARN:
         alerts.append({"alertname": "OmenHealthWarning", "severity": "warning", "signal": "health"})
     for slo in slos:
-        if within(slo, IMMINENT):
+        if within(slo, IMMINENT) and warns(slo):
             alerts.append({"alertname": "OmenSLOBreachImminent", "severity": "critical", "signal": "forecast", "slo": slo})
             alerts.append({"alertname": "OmenSLOBreachForecast", "severity": "warning", "signal": "forecast", "slo": slo,
                            "inhibited": True})

@@ -425,6 +425,9 @@ impl Default for ExplainConfig {
 pub struct ForecastConfig {
     /// Early-warning horizon, days.
     pub horizon_days: f64,
+    /// An early warning ends only once the forecast has not warned for this many days, so
+    /// that a weekend's low days do not end it for two days (0: it ends at once).
+    pub keep_warning_days: f64,
     /// Complete days needed before a forecast is made.
     pub min_days: usize,
     /// Days of history the trend uses.
@@ -455,6 +458,7 @@ impl Default for ForecastConfig {
     fn default() -> Self {
         Self {
             horizon_days: omen_signals::EARLY_WARNING_DAYS,
+            keep_warning_days: omen_signals::REGIME_MIN_SIDE as f64,
             min_days: 7,
             lookback_days: 28,
             confidence: 0.9,
@@ -910,6 +914,12 @@ fn validate_health(h: &HealthConfig, p: &mut Problems) {
 fn validate_forecast(f: &ForecastConfig, p: &mut Problems) {
     if f.horizon_days.is_nan() || f.horizon_days <= 0.0 {
         p.bad("forecast.horizon_days", "must be > 0 (default 14)");
+    }
+    if !(f.keep_warning_days >= 0.0 && f.keep_warning_days <= 30.0) {
+        p.bad(
+            "forecast.keep_warning_days",
+            format!("{} must be in [0, 30] days (default 3)", f.keep_warning_days),
+        );
     }
     if f.min_days < 3 {
         p.bad("forecast.min_days", "must be at least 3 days for a trend");

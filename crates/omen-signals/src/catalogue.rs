@@ -142,6 +142,9 @@ signals! {
     FORECAST_TIME_TO_BREACH_UPPER = "forecast_time_to_breach_upper_seconds", "s",
         "omen.forecast_time_to_breach_upper", true, None,
         "Far end of the time-to-breach interval, seconds";
+    /// Whether an SLO's early warning stands (the agent's warning rule), 1 or 0.
+    FORECAST_EARLY_WARNING = "forecast_early_warning", "", "omen.forecast_early_warning", true, None,
+        "1 while the SLO's early warning stands (breach forecast within forecast.horizon_days by the agent's rule, kept forecast.keep_warning_days after it last warned), else 0";
     /// Whether a source's last collection succeeded.
     SOURCE_UP = "source_up", "", "omen.source_up", false, None,
         "1 when the source's last collection succeeded, else 0";
@@ -241,7 +244,7 @@ pub fn find(name: &str) -> Option<&'static Signal> {
 
 /// The names of the signals omen derives itself (a test checks them against [`ALL`]); a
 /// short list, since the pipeline asks for every sample.
-pub const DERIVED: [&str; 7] = [
+pub const DERIVED: [&str; 8] = [
     ANOMALY_SCORE.name,
     ANOMALY_RISK.name,
     LEVEL_SHIFT.name,
@@ -249,6 +252,7 @@ pub const DERIVED: [&str; 7] = [
     HEALTH_SCORE.name,
     FORECAST_TIME_TO_BREACH.name,
     FORECAST_TIME_TO_BREACH_UPPER.name,
+    FORECAST_EARLY_WARNING.name,
 ];
 
 /// Whether `name` is a signal omen derives itself (not scored again, not a model input).

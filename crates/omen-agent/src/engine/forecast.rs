@@ -302,6 +302,10 @@ pub struct WarnedForecast {
     pub days_to_breach_upper: Option<f64>,
     /// The near end of its interval then.
     pub days_to_breach_lower: Option<f64>,
+    /// When the forecast last warned, Unix ms (`None`: at `since_ms`); the warning ends
+    /// `forecast.keep_warning_days` after it.
+    #[serde(default)]
+    pub last_warned_ms: Option<i64>,
     /// The trend it was drawn from.
     #[serde(skip)]
     pub trend: Option<FittedTrend>,
@@ -487,25 +491,42 @@ impl Engine {
                 }
             }
             let was = self.warnings.contains_key(&f.slo);
-            changed |= was != f.early_warning;
-            if f.early_warning && !was {
+            // A standing warning ends once the forecast has not warned for keep_warning_days:
+            // a weekend's low days, read as the trend's latest, do not end it for two days.
+            let keep_ms = (self.cfg.forecast.keep_warning_days * DAY_MS as f64) as i64;
+            let stands = match self.warnings.get_mut(&f.slo) {
+                Some(w) if f.early_warning => {
+                    // Kept hourly in the store, so that a restart keeps about the same end.
+                    changed |= w.last_warned_ms.unwrap_or(w.since_ms) / HOUR_MS < now_ms / HOUR_MS;
+                    w.last_warned_ms = Some(now_ms);
+                    true
+                }
+                Some(w) => now_ms - w.last_warned_ms.unwrap_or(w.since_ms) < keep_ms,
+                None => f.early_warning,
+            };
+            changed |= was != stands;
+            if stands && !was {
                 let warned = WarnedForecast {
                     since_ms: now_ms,
                     days_to_breach: f.days_to_breach,
                     days_to_breach_upper: f.days_to_breach_upper,
                     days_to_breach_lower: f.days_to_breach_lower,
+                    last_warned_ms: Some(now_ms),
                     trend: f.trend,
                 };
                 self.warnings.insert(f.slo.clone(), warned);
-            } else if !f.early_warning {
+            } else if !stands {
                 self.warnings.remove(&f.slo);
             }
             f.warned = self.warnings.get(&f.slo).cloned();
-            if was != f.early_warning {
+            let (name, value) = (catalogue::FORECAST_EARLY_WARNING.name, if stands { 1.0 } else { 0.0 });
+            self.live.set_gauge(name, to_labels(&labels), value);
+            out.push(Sample { ts_ms: now_ms, signal: name.into(), labels: labels.clone(), value });
+            if was != stands {
                 self.events.push(AlertEvent {
                     ts_ms: now_ms,
                     alert: format!("forecast:{}", f.slo),
-                    level: if f.early_warning { Level::Warning } else { Level::Ok },
+                    level: if stands { Level::Warning } else { Level::Ok },
                     reason: match f.days_to_breach {
                         Some(d) => format!("{} forecast to cross {} in {d:.1} days", f.slo, f.threshold),
                         None => format!("{} no longer forecast to breach", f.slo),
@@ -708,8 +729,8 @@ mod tests {
     use super::super::testing::engine;
     use super::super::Engine;
     use super::SloForecast;
-    use super::{catalogue, IndicatorDefinition};
-    use crate::config::SloIndicator;
+    use super::{catalogue, AlertEvent, IndicatorDefinition, Level};
+    use crate::config::{Direction, SloIndicator};
 
     #[test]
     fn every_indicator_reads_the_signal_the_catalogue_names() {
@@ -1258,6 +1279,67 @@ mod tests {
         let mut line = weekly_kv_engine(dir.path(), "forecast: {min_days: 7}\n", 26);
         let kv = line.tick(t_end).unwrap().forecasts.into_iter().find(|f| f.slo == "kv_usage").unwrap();
         assert!(!kv.accelerating && kv.days == 26, "{kv:?}");
+    }
+
+    /// A kv_usage forecast that warns (10 days to breach) or does not (no breach).
+    fn kv_forecast(warns: bool) -> SloForecast {
+        SloForecast {
+            slo: "kv_usage".into(),
+            indicator: SloIndicator::KvUsage,
+            threshold: 0.95,
+            direction: Direction::Above,
+            days: 14,
+            latest: Some(0.8),
+            slope_per_day: Some(if warns { 0.015 } else { 0.0 }),
+            scale: TrendScale::Linear,
+            days_to_breach: warns.then_some(10.0),
+            days_to_breach_upper: warns.then_some(12.0),
+            days_to_breach_lower: warns.then_some(8.0),
+            early_warning: warns,
+            accelerating: false,
+            reset_expected_in_days: None,
+            warning_held_by_shift_ms: None,
+            warned: None,
+            daily: Vec::new(),
+            trend: None,
+        }
+    }
+
+    /// Publishes, at each (day, warns) in turn, a kv_usage forecast that warns or not;
+    /// returns what stood after each: (omen_forecast_early_warning, warning's start).
+    fn kept_warnings(forecast: &str, steps: &[(f64, bool)]) -> (Vec<(f64, Option<i64>)>, Vec<AlertEvent>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), forecast);
+        let t0 = 1_793_577_600_000;
+        let labels = vec![("slo".to_owned(), "kv_usage".to_owned())];
+        let mut stood = Vec::new();
+        for &(day, warns) in steps {
+            let mut fcs = vec![kv_forecast(warns)];
+            e.publish_forecasts(t0 + (day * DAY_MS as f64) as i64, &mut fcs, &mut Vec::new());
+            let flag = e.live.gauge(catalogue::FORECAST_EARLY_WARNING.name, &labels).unwrap();
+            stood.push((flag, fcs[0].warned.as_ref().map(|w| w.since_ms - t0)));
+        }
+        (stood, e.events().to_vec())
+    }
+
+    #[test]
+    fn a_warning_stands_until_the_forecast_has_not_warned_for_keep_warning_days() {
+        // Warns on days 0 and 1, not on day 2 (a weekend), again on day 3, then no more.
+        let steps = [(0.0, true), (1.0, true), (2.0, false), (3.0, true), (5.9, false), (6.0, false)];
+        let (stood, events) = kept_warnings("forecast: {keep_warning_days: 3}\n", &steps);
+        let since = Some(0);
+        assert_eq!(
+            stood,
+            [(1.0, since), (1.0, since), (1.0, since), (1.0, since), (1.0, since), (0.0, None)]
+        );
+        // One warning, one end: three days after the forecast last warned.
+        let levels: Vec<(i64, Level)> = events.iter().map(|ev| (ev.ts_ms, ev.level)).collect();
+        let t0 = 1_793_577_600_000;
+        assert_eq!(levels, [(t0, Level::Warning), (t0 + 6 * DAY_MS, Level::Ok)]);
+        // With 0 days, the first forecast that does not warn ends it, and the next starts anew.
+        let (stood, events) = kept_warnings("forecast: {keep_warning_days: 0}\n", &steps[..4]);
+        assert_eq!(stood, [(1.0, Some(0)), (1.0, Some(0)), (0.0, None), (1.0, Some(3 * DAY_MS))]);
+        assert_eq!(events.len(), 3);
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl Engine {
     /// step, or replayed as a sample).
     pub(super) fn health_score(&self, contributors: &[Contributor], forecasts: &[SloForecast]) -> f64 {
         let mut health = contributors.first().map_or(0.0, |c| c.risk);
-        if forecasts.iter().any(|f| f.early_warning) {
+        if forecasts.iter().any(|f| f.warned.is_some()) {
             health = health.max(self.cfg.health.warning);
         }
         if let Some(lstm) = self.live.gauge(catalogue::LSTM_AE_SCORE.name, &Vec::new()) {
@@ -221,7 +221,7 @@ impl Engine {
                 },
             ));
         }
-        for f in forecasts.iter().filter(|f| f.early_warning) {
+        for f in forecasts.iter().filter(|f| f.warned.is_some()) {
             let reason = Reason::EarlyWarning {
                 slo: f.slo.clone(),
                 days_to_breach: f.days_to_breach,

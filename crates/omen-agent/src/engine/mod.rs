@@ -265,11 +265,12 @@ impl Engine {
             }
             self.score_model(now_ms, &mut out);
         }
+        // The warnings first: health counts the warnings that stand after this tick.
+        self.publish_forecasts(now_ms, &mut forecasts, &mut out);
         let health = self.health_score(&contributors, &forecasts);
         let level = Level::of(health, &self.cfg.health);
         let reasons = if level == Level::Ok { Vec::new() } else { self.reasons(&contributors, &forecasts) };
         self.publish_health(now_ms, health, &mut out);
-        self.publish_forecasts(now_ms, &mut forecasts, &mut out);
         self.track_level(now_ms, level, &reasons);
         self.store.insert(&out)?;
         self.apply_retention(now_ms)?;
