@@ -494,6 +494,12 @@ impl Engine {
             // A standing warning ends once the forecast has not warned for keep_warning_days:
             // a weekend's low days, read as the trend's latest, do not end it for two days.
             let keep_ms = (self.cfg.forecast.keep_warning_days * DAY_MS as f64) as i64;
+            // A restart expected before the breach ends a warning at once: the forecast knows
+            // why it stopped warning.
+            let reset_first = f
+                .reset_expected_in_days
+                .zip(f.days_to_breach)
+                .is_some_and(|(next, d)| d > next + WARNING_MARGIN_DAYS);
             let stands = match self.warnings.get_mut(&f.slo) {
                 Some(w) if f.early_warning => {
                     // Kept hourly in the store, so that a restart keeps about the same end.
@@ -501,7 +507,7 @@ impl Engine {
                     w.last_warned_ms = Some(now_ms);
                     true
                 }
-                Some(w) => now_ms - w.last_warned_ms.unwrap_or(w.since_ms) < keep_ms,
+                Some(w) => !reset_first && now_ms - w.last_warned_ms.unwrap_or(w.since_ms) < keep_ms,
                 None => f.early_warning,
             };
             changed |= was != stands;
@@ -1340,6 +1346,36 @@ mod tests {
         let (stood, events) = kept_warnings("forecast: {keep_warning_days: 0}\n", &steps[..4]);
         assert_eq!(stood, [(1.0, Some(0)), (1.0, Some(0)), (0.0, None), (1.0, Some(3 * DAY_MS))]);
         assert_eq!(events.len(), 3);
+        // A warning kept by an older agent has no last_warned_ms: it counts from its start.
+        let old: super::WarnedForecast = serde_json::from_str(
+            r#"{"since_ms": 5, "days_to_breach": 10.0, "days_to_breach_upper": 12.0, "days_to_breach_lower": 8.0}"#,
+        )
+        .unwrap();
+        assert_eq!((old.since_ms, old.last_warned_ms), (5, None));
+    }
+
+    #[test]
+    fn a_restart_expected_before_the_breach_ends_a_standing_warning_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "forecast: {keep_warning_days: 3}\n");
+        let t0 = 1_793_577_600_000;
+        e.publish_forecasts(t0, &mut [kv_forecast(true)], &mut Vec::new());
+        // A day later the forecast still crosses in 10 days, but a restart is due in 2.
+        let mut reset_first = kv_forecast(false);
+        (reset_first.days_to_breach, reset_first.reset_expected_in_days) = (Some(10.0), Some(2.0));
+        let mut fcs = vec![reset_first.clone()];
+        e.publish_forecasts(t0 + DAY_MS, &mut fcs, &mut Vec::new());
+        assert!(fcs[0].warned.is_none(), "{:?}", fcs[0]);
+        let labels = vec![("slo".to_owned(), "kv_usage".to_owned())];
+        assert_eq!(e.live.gauge(catalogue::FORECAST_EARLY_WARNING.name, &labels), Some(0.0));
+        // A restart due after the breach does not: the lapse is kept.
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path(), "forecast: {keep_warning_days: 3}\n");
+        e.publish_forecasts(t0 + 2 * DAY_MS, &mut [kv_forecast(true)], &mut Vec::new());
+        reset_first.reset_expected_in_days = Some(12.0);
+        let mut fcs = vec![reset_first];
+        e.publish_forecasts(t0 + 3 * DAY_MS, &mut fcs, &mut Vec::new());
+        assert!(fcs[0].warned.is_some(), "{:?}", fcs[0]);
     }
 
     #[test]

@@ -110,11 +110,12 @@ pub enum Reason {
         /// Latest anomaly score.
         anomaly_score: f64,
     },
-    /// An SLO forecast to breach within the early-warning lead.
+    /// An SLO whose early warning stands (`forecast.keep_warning_days`).
     EarlyWarning {
         /// The SLO.
         slo: String,
-        /// Forecast days until the breach.
+        /// Forecast days until the breach; `None` while the warning is kept through a
+        /// forecast that does not warn.
         days_to_breach: Option<f64>,
         /// The SLO threshold.
         threshold: f64,
@@ -156,7 +157,7 @@ impl Reason {
                 format!("SLO {slo} (threshold {threshold}) forecast to breach in {d:.1} days")
             }
             Reason::EarlyWarning { slo, days_to_breach: None, threshold } => {
-                format!("SLO {slo} (threshold {threshold}) forecast to breach within the lead")
+                format!("SLO {slo} (threshold {threshold}) early warning kept: not forecast to breach within the lead now")
             }
             Reason::Model { score, contributors } if contributors.is_empty() => {
                 format!("LSTM autoencoder score {score:.2}")
@@ -224,7 +225,8 @@ impl Engine {
         for f in forecasts.iter().filter(|f| f.warned.is_some()) {
             let reason = Reason::EarlyWarning {
                 slo: f.slo.clone(),
-                days_to_breach: f.days_to_breach,
+                // None while a warning is kept through a forecast that does not warn.
+                days_to_breach: f.days_to_breach.filter(|_| f.early_warning),
                 threshold: f.threshold,
             };
             ranked.push((warning, reason));
