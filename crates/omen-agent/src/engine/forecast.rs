@@ -97,6 +97,16 @@ pub struct SloForecast {
     pub trend: Option<FittedTrend>,
 }
 
+impl SloForecast {
+    /// The next regular reset is expected before the breach (plus the warning's margin):
+    /// the breach will not come, so no warning starts and a standing one ends at once.
+    fn reset_comes_first(&self) -> bool {
+        self.reset_expected_in_days
+            .zip(self.days_to_breach)
+            .is_some_and(|(next, d)| d > next + WARNING_MARGIN_DAYS)
+    }
+}
+
 /// A reset later than this many typical cycles is overdue: the resets may have stopped, and
 /// the forecast no longer counts on the next one.
 const RESET_OVERDUE: f64 = 1.25;
@@ -269,7 +279,7 @@ impl SloFit {
             if age <= RESET_OVERDUE * cycle {
                 let next = (cycle - age).max(0.0);
                 fc.reset_expected_in_days = Some(next);
-                if b.days_to_breach.is_some_and(|d| d > next + WARNING_MARGIN_DAYS) {
+                if fc.reset_comes_first() {
                     fc.early_warning = false;
                 }
             }
@@ -470,6 +480,9 @@ impl Engine {
         let before = self.warnings.len();
         self.warnings.retain(|slo, _| forecasts.iter().any(|f| f.slo == *slo));
         let mut changed = self.warnings.len() != before;
+        // A standing warning ends once the forecast has not warned for keep_warning_days:
+        // a weekend's low days, read as the trend's latest, do not end it for two days.
+        let keep_ms = (self.cfg.forecast.keep_warning_days * DAY_MS as f64) as i64;
         for f in forecasts.iter_mut() {
             let labels: BTreeMap<String, String> = [("slo".to_owned(), f.slo.clone())].into();
             for (name, value) in [
@@ -491,15 +504,7 @@ impl Engine {
                 }
             }
             let was = self.warnings.contains_key(&f.slo);
-            // A standing warning ends once the forecast has not warned for keep_warning_days:
-            // a weekend's low days, read as the trend's latest, do not end it for two days.
-            let keep_ms = (self.cfg.forecast.keep_warning_days * DAY_MS as f64) as i64;
-            // A restart expected before the breach ends a warning at once: the forecast knows
-            // why it stopped warning.
-            let reset_first = f
-                .reset_expected_in_days
-                .zip(f.days_to_breach)
-                .is_some_and(|(next, d)| d > next + WARNING_MARGIN_DAYS);
+            let reset_first = f.reset_comes_first();
             let stands = match self.warnings.get_mut(&f.slo) {
                 Some(w) if f.early_warning => {
                     // Kept hourly in the store, so that a restart keeps about the same end.
@@ -1091,6 +1096,16 @@ mod tests {
         s.forecasts.into_iter().find(|f| f.slo == "vram_headroom").unwrap()
     }
 
+    /// `fc` still crosses within 14 days, but its warning waits for a shift whose onset lies
+    /// within `tolerance_ms` of noon on day 14 (from 2026-11-02).
+    fn assert_held_by_a_shift_at_noon_of_day_14(fc: &SloForecast, tolerance_ms: i64) {
+        assert!(fc.days_to_breach.is_some_and(|d| d < 14.0), "{fc:?}");
+        assert!(!fc.early_warning, "{fc:?}");
+        let onset = fc.warning_held_by_shift_ms.unwrap_or_else(|| panic!("{fc:?}"));
+        let noon_day_14 = 1_793_577_600_000 + 14 * DAY_MS + DAY_MS / 2;
+        assert!((onset - noon_day_14).abs() <= tolerance_ms, "onset {onset}, shift at {noon_day_14}");
+    }
+
     #[test]
     fn a_restart_that_frees_a_leak_holds_the_warning_its_old_regime_would_give() {
         // Without the restart, the line of days 8 to 14 warns at once.
@@ -1100,12 +1115,7 @@ mod tests {
         // The restart at noon on day 14 has freed the leak: the daily values do not show it
         // yet (day 14's minimum is from before it), the line still crosses within a week,
         // but the warning waits and names the restart's shift.
-        let restarted = leak_forecast(Some(14.5), 15.5);
-        assert!(restarted.days_to_breach.is_some_and(|d| d < 14.0), "{restarted:?}");
-        assert!(!restarted.early_warning, "{restarted:?}");
-        let onset = restarted.warning_held_by_shift_ms.unwrap_or_else(|| panic!("{restarted:?}"));
-        let noon_day_14 = 1_793_577_600_000 + 14 * DAY_MS + DAY_MS / 2;
-        assert!((onset - noon_day_14).abs() <= 600_000, "onset {onset}, restart {noon_day_14}");
+        assert_held_by_a_shift_at_noon_of_day_14(&leak_forecast(Some(14.5), 15.5), 600_000);
         // A warning that stood before the restart is not ended by it: the hold only keeps
         // new warnings from starting.
         let standing = leak_forecast(Some(15.75), 16.5);
@@ -1156,12 +1166,7 @@ mod tests {
         // The scale-out at noon on day 14 halved the utilisation (0.73 to 0.37): TTFT fell
         // from 0.74 s to 0.32 s, and 1/TTFT since then (3.2) lies above the line's middle
         // (about 1.65), on the safe side of the reciprocal scale.
-        let scaled = queue_forecast(Some(14.5), 15.5);
-        assert!(scaled.days_to_breach.is_some_and(|d| d < 14.0), "{scaled:?}");
-        assert!(!scaled.early_warning, "{scaled:?}");
-        let onset = scaled.warning_held_by_shift_ms.unwrap_or_else(|| panic!("{scaled:?}"));
-        let noon_day_14 = 1_793_577_600_000 + 14 * DAY_MS + DAY_MS / 2;
-        assert!((onset - noon_day_14).abs() <= 3_600_000, "onset {onset}, scale-out {noon_day_14}");
+        assert_held_by_a_shift_at_noon_of_day_14(&queue_forecast(Some(14.5), 15.5), 3_600_000);
     }
 
     /// KV usage of one layer every 10 minutes from Monday 2026-11-02 until noon on the
