@@ -15,7 +15,7 @@ use omen_signals::MINUTE_MS;
 use rusqlite::{params, OptionalExtension};
 
 use crate::minutes::MinuteFold;
-use crate::Store;
+use crate::{Store, Unit};
 
 /// Span of a raw block: one hour (360 samples at the default 10 s raw interval).
 pub(crate) const RAW_BLOCK_MS: i64 = 3_600_000;
@@ -434,7 +434,7 @@ impl Store {
     /// not sealed yet is read from rows meanwhile, so this only bounds the store's size, never
     /// what a query sees.
     pub fn compact(&self, now_ms: i64, max_blocks: usize) -> Result<Compaction> {
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.writer()?;
         let sealed = now_ms.saturating_sub(SEAL_LAG_MS);
         let mut work: Vec<(i64, Tier, i64)> = Vec::new();
         for (id, m) in w.minutes.iter() {
@@ -455,7 +455,8 @@ impl Store {
         work.truncate(max_blocks);
         let mut next: Vec<(i64, Tier, Option<i64>)> = Vec::with_capacity(work.len());
         let level = if w.offline { OFFLINE_COMPRESSION_LEVEL } else { COMPRESSION_LEVEL };
-        let tx = w.conn.savepoint()?;
+        let offline = w.offline;
+        let tx = Unit::begin(&mut w.conn, offline)?;
         for &(start, tier, id) in &work {
             done.rows += match tier {
                 Tier::Raw => seal_raw(&tx, id, start, level)?,

@@ -14,7 +14,7 @@ use crate::minutes::{
 };
 use crate::query::Catalog;
 use crate::schema::labels_json;
-use crate::{SeriesId, SeriesIds, Store, Writer};
+use crate::{SeriesId, SeriesIds, Store, Unit, Writer};
 
 /// Creates a series row.
 pub(crate) const INSERT_SERIES: &str = "INSERT INTO series (signal, labels) VALUES (?1, ?2)";
@@ -95,7 +95,16 @@ impl Store {
         if samples.is_empty() {
             return Ok(());
         }
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked before the batch begins: an offline store's batch has no savepoint (see Unit).
+        if let Some(s) = samples.iter().find(|s| s.value.is_nan()) {
+            anyhow::bail!(
+                "sample of {} {:?} at {} ms is NaN; the store keeps numbers only: drop the sample or give it a value",
+                s.signal,
+                s.labels,
+                s.ts_ms
+            );
+        }
+        let mut w = self.writer()?;
         let mut created = NewSeries::default();
         let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
         let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
@@ -140,7 +149,7 @@ impl Store {
 
     /// Writes every open minute aggregate (at shutdown); returns the rows written.
     pub fn flush(&self) -> Result<usize> {
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.writer()?;
         let written = flush_open_minutes(&mut w)?;
         w.commit_held()?;
         self.changed();
@@ -158,8 +167,8 @@ fn insert_batch(
     keep_raw: &[bool],
     ids: &mut [Option<SeriesId>],
 ) -> Result<()> {
-    let Writer { conn, series_ids, minutes, newest_minute, open_view, .. } = w;
-    let tx = conn.savepoint()?;
+    let Writer { conn, series_ids, minutes, newest_minute, open_view, offline, .. } = w;
+    let tx = Unit::begin(conn, *offline)?;
     // Decimated samples folded into open minutes, for minute_log (see the module doc).
     let mut logged: Vec<u8> = Vec::new();
     let mut logged_minute = i64::MIN;
@@ -284,28 +293,86 @@ mod tests {
 
     #[test]
     fn a_failed_batch_leaves_the_open_minutes_as_committed() {
-        a_failed_batch_rolls_back_alone(Store::open);
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("omen.db")).unwrap();
+        let t0 = 1_793_577_600_000;
+        store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
+        // The disk fills in the middle of the batch: it rolls back whole, including the
+        // write of minute t0 that its first sample triggered, and its new series.
+        set_max_pages(&store, None);
+        assert!(store.insert(&filling_batch(t0 + 60_000)).is_err());
+        assert!(minute_rows(&store).is_empty());
+        assert_eq!(store.catalog.read().unwrap().values().flatten().count(), 1, "no series of the batch");
+        set_max_pages(&store, Some(1 << 30));
+        goes_on_after_a_refused_batch(&store, t0);
     }
 
     #[test]
-    fn a_failed_batch_of_an_offline_store_rolls_back_alone() {
-        a_failed_batch_rolls_back_alone(Store::open_offline);
+    fn a_batch_with_nan_is_refused_before_it_writes_anything() {
+        for open in [Store::open, Store::open_offline] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = open(&dir.path().join("omen.db")).unwrap();
+            let t0 = 1_793_577_600_000;
+            store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
+            let bad = [sample(t0 + 60_000, "kv", "0", 5.0), sample(t0 + 60_000, "kv", "9", f64::NAN)];
+            let e = store.insert(&bad).unwrap_err().to_string();
+            assert!(e.contains("is NaN") && e.contains("\"layer\": \"9\""), "{e}");
+            assert!(minute_rows(&store).is_empty());
+            goes_on_after_a_refused_batch(&store, t0);
+        }
     }
 
-    fn a_failed_batch_rolls_back_alone(open: fn(&std::path::Path) -> anyhow::Result<Store>) {
+    #[test]
+    fn an_offline_store_that_fails_a_write_refuses_further_use_and_keeps_its_last_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir.path().join("omen.db")).unwrap();
+        let path = dir.path().join("omen.db");
         let t0 = 1_793_577_600_000;
-        store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
-        // NaN binds as NULL and violates NOT NULL: the whole batch rolls back, including
-        // the write of minute t0 that its first sample triggered, and the new series.
-        let bad = [sample(t0 + 60_000, "kv", "0", 5.0), sample(t0 + 60_000, "kv", "9", f64::NAN)];
-        assert!(store.insert(&bad).is_err());
-        assert!(minute_rows(&store).is_empty());
+        {
+            let store = Store::open_offline(&path).unwrap();
+            store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
+            assert_eq!(store.count("kv").unwrap(), 2, "a read commits the held writes");
+            store.insert(&[sample(t0 + 2000, "kv", "0", 3.0)]).unwrap();
+            set_max_pages(&store, None);
+            let failed = store.insert(&filling_batch(t0 + 60_000)).unwrap_err();
+            assert!(format!("{failed:#}").contains("full"), "{failed:#}");
+            set_max_pages(&store, Some(1 << 30));
+            for e in [
+                store.insert(&[sample(t0 + 3000, "kv", "0", 4.0)]).unwrap_err(),
+                store.count("kv").unwrap_err(),
+                store.flush().unwrap_err(),
+            ] {
+                let e = e.to_string();
+                assert!(e.contains("lost its held writes") && e.contains("omen.db"), "{e}");
+            }
+        }
+        // Reopened (as the agent would), it holds what its last commit point held.
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.count("kv").unwrap(), 2);
+        let series: i64 =
+            store.reader().unwrap().query_row("SELECT COUNT(*) FROM series", [], |r| r.get(0)).unwrap();
+        assert_eq!(series, 1, "the failed batch's series are gone");
+    }
+
+    /// Caps the writer's database at `pages` (None: the pages it has now), as a full disk would.
+    fn set_max_pages(store: &Store, pages: Option<i64>) {
+        let w = store.writer.lock().unwrap();
+        let pages = pages.unwrap_or_else(|| w.conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap());
+        w.conn.pragma_update(None, "max_page_count", pages).unwrap();
+    }
+
+    /// A batch at `ts` that first closes minute t0 of series kv/0, then needs new pages.
+    fn filling_batch(ts: i64) -> Vec<Sample> {
+        let mut batch = vec![sample(ts, "kv", "0", 5.0)];
+        batch.extend((0..2000).map(|i| sample(ts, "kv", &format!("filler-{i:0>40}"), 1.0)));
+        batch
+    }
+
+    /// After a refused batch at minute t0 + 1: later batches write as if it never came.
+    fn goes_on_after_a_refused_batch(store: &Store, t0: i64) {
         store.insert(&[sample(t0 + 2000, "kv", "0", 3.0), sample(t0 + 2000, "kv", "9", 7.0)]).unwrap();
         store.flush().unwrap();
-        assert_eq!(minute_rows(&store), minute_rows_from_raw(&store));
-        assert_eq!(minute_rows(&store)[0].2, 3);
+        assert_eq!(minute_rows(store), minute_rows_from_raw(store));
+        assert_eq!(minute_rows(store)[0].2, 3);
         let only9 = store
             .range(
                 "kv",

@@ -12,7 +12,9 @@
 //! An offline store ([`Store::open_offline`], for replays whose output can be rebuilt)
 //! holds its writes in one open transaction and commits before every read, on flush and
 //! every [`HELD_WRITES_MAX`] batches: a replay commits about once an hour of trace time
-//! instead of three times a minute, and reads see every write made before them.
+//! instead of three times a minute, and reads see every write made before them. Its
+//! batches write without a savepoint ([`Unit`]), so a write that fails part-way loses the
+//! writes held since the last commit point, and the store then refuses further use.
 //!
 //! Modules: `schema` (tables, connections, meta rows), `minutes` (minute folding, the
 //! minute log and crash recovery), `insert` (batches), `blocks` (sealed history in
@@ -116,13 +118,81 @@ impl Writer {
         if !self.offline {
             return Ok(());
         }
-        let committed = if self.conn.is_autocommit() { Ok(()) } else { self.conn.execute_batch("COMMIT") };
+        self.usable()?;
+        // A failed COMMIT either leaves the transaction open (the writes stay held) or
+        // rolls it back, which `usable` reports from then on.
+        self.conn.execute_batch("COMMIT").context("cannot commit the offline store's held writes")?;
         self.held_writes = 0;
-        // A failed COMMIT may leave the transaction open; only begin one where none is.
-        if self.conn.is_autocommit() {
-            self.conn.execute_batch("BEGIN").context("cannot begin the offline store's transaction")?;
+        self.conn.execute_batch("BEGIN").context("cannot begin the offline store's transaction")
+    }
+
+    /// Whether the store can still be written and read: an offline store whose held
+    /// transaction is gone (a failed write rolled it back) has lost writes it acknowledged.
+    fn usable(&self) -> Result<()> {
+        if self.offline && self.conn.is_autocommit() {
+            anyhow::bail!(
+                "the offline store {} lost its held writes when an earlier write failed (see that error); \
+                 it cannot be read or written any more: rebuild it by running the replay again",
+                self.conn.path().unwrap_or("(in memory)")
+            );
         }
-        committed.context("cannot commit the offline store's held writes")
+        Ok(())
+    }
+}
+
+/// One unit of writing. In the agent's store it is a savepoint, so that a failed unit
+/// rolls back alone. In an offline store it writes straight into the held transaction:
+/// a savepoint there copies every page the unit first touches into a journal (a fifth of
+/// a replay's time), and a failed unit rolls the whole held transaction back instead, after
+/// which the store refuses further use ([`Writer::usable`]). Writers check their input
+/// before they write, so that bad input fails before a unit begins.
+pub(crate) struct Unit<'c> {
+    alone: Option<rusqlite::Savepoint<'c>>,
+    held: Option<&'c Connection>,
+}
+
+impl<'c> Unit<'c> {
+    /// Begins a unit on `conn`, the writer's connection.
+    pub(crate) fn begin(conn: &'c mut Connection, offline: bool) -> Result<Self> {
+        Ok(if offline {
+            Self { alone: None, held: Some(conn) }
+        } else {
+            Self { alone: Some(conn.savepoint()?), held: None }
+        })
+    }
+
+    /// Ends the unit: its writes are committed (online) or stay held (offline).
+    pub(crate) fn commit(mut self) -> Result<()> {
+        self.held = None;
+        match self.alone.take() {
+            Some(savepoint) => Ok(savepoint.commit()?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::ops::Deref for Unit<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        match (&self.alone, self.held) {
+            (Some(savepoint), _) => savepoint,
+            (None, Some(conn)) => conn,
+            (None, None) => unreachable!("a unit is used only before its commit"),
+        }
+    }
+}
+
+impl Drop for Unit<'_> {
+    /// A unit dropped before its commit failed: online its savepoint rolls back by itself;
+    /// offline the held transaction goes with it, since part of the unit may be in it.
+    fn drop(&mut self) {
+        if let Some(conn) = self.held.take() {
+            if !conn.is_autocommit() {
+                if let Err(e) = conn.execute_batch("ROLLBACK") {
+                    tracing::warn!("offline store: cannot roll back after a failed write: {e:#}");
+                }
+            }
+        }
     }
 }
 
@@ -203,16 +273,17 @@ impl Store {
     /// Opens the store at `path` for offline work (replay, evaluation): writes are held in
     /// one transaction and committed before each read, on [`Store::flush`], every
     /// [`HELD_WRITES_MAX`] batches and on drop. Reads see every write made before them, but a
-    /// crash loses the writes since the last commit point, so use it only where the output
-    /// can be rebuilt; the agent's own store is opened with [`Store::open`].
+    /// crash, or a write that fails part-way (a full disk), loses the writes since the last
+    /// commit point, so use it only where the output can be rebuilt; the agent's own store
+    /// is opened with [`Store::open`].
     pub fn open_offline(path: &Path) -> Result<Self> {
         let mut store = Self::open(path)?;
         store.offline = true;
         let w = store.writer.get_mut().unwrap_or_else(|e| e.into_inner());
         w.offline = true;
-        // Each batch's savepoint journals the pages it changes; in memory, not a temp file.
+        // Sorts and temporary indexes in memory, not in temp files.
         w.conn.pragma_update(None, "temp_store", "MEMORY")?;
-        w.commit_held()?;
+        w.conn.execute_batch("BEGIN").context("cannot begin the offline store's transaction")?;
         Ok(store)
     }
 
@@ -225,9 +296,16 @@ impl Store {
     /// commits its held writes first, so that the read sees them.
     fn reader(&self) -> Result<PooledReader<'_>> {
         if self.offline {
-            self.writer.lock().unwrap_or_else(|e| e.into_inner()).commit_held()?;
+            self.writer()?.commit_held()?;
         }
         Ok(self.readers.get())
+    }
+
+    /// The writer, locked; an error when the store can no longer be written ([`Writer::usable`]).
+    fn writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        w.usable()?;
+        Ok(w)
     }
 
     /// A number that changes after every committed write: two reads at the same
@@ -246,6 +324,9 @@ impl Drop for Store {
     /// Writes the open minutes; a failure here only costs what a `kill -9` would.
     fn drop(&mut self) {
         let w = self.writer.get_mut().unwrap_or_else(|e| e.into_inner());
+        if w.usable().is_err() {
+            return; // its writes are gone; nothing written now would be whole
+        }
         if let Err(e) = flush_open_minutes(w) {
             tracing::warn!(
                 "store {}: open minute aggregates not written at close: {e:#}",

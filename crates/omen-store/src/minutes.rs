@@ -17,7 +17,7 @@ use rusqlite::{params, Connection};
 
 #[cfg(doc)]
 use crate::Store;
-use crate::Writer;
+use crate::{Unit, Writer};
 
 /// A minute bucket of one series; `last` is the value of its last sample in arrival order.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -266,7 +266,7 @@ pub(crate) fn close_stale_minutes(w: &mut Writer) -> Result<()> {
 /// Writes every open minute before `before` as its row and deletes the log rows of
 /// minutes before it, in one transaction; returns the rows written.
 fn write_open_minutes(w: &mut Writer, before: i64) -> Result<usize> {
-    let tx = w.conn.savepoint()?;
+    let tx = Unit::begin(&mut w.conn, w.offline)?;
     let mut closed = Vec::new();
     {
         let mut upsert = tx.prepare_cached(UPSERT_MINUTE)?;

@@ -10,7 +10,7 @@ use rusqlite::params;
 
 use crate::blocks::{newest_raw_ts, raw_from_blocks, MINUTE_BLOCK_MS, RAW_BLOCK_MS};
 use crate::insert::{NewSeries, INSERT_SERIES};
-use crate::{DayAggregate, SeriesIds, Store, Writer};
+use crate::{DayAggregate, SeriesIds, Store, Unit, Writer};
 
 /// Writes (or replaces) one series' aggregate of one day.
 const UPSERT_DAY: &str = "INSERT OR REPLACE INTO day_agg (series_id, day_ms, count, sum, min, max, p50, p95, p99) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
@@ -54,8 +54,9 @@ impl Store {
         let next_id = ids.get(max_series).copied();
         ids.truncate(max_series);
         let visited = ids.len();
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = w.conn.savepoint()?;
+        let mut w = self.writer()?;
+        let offline = w.offline;
+        let tx = Unit::begin(&mut w.conn, offline)?;
         let mut written = 0;
         {
             let mut rows = tx.prepare_cached(
@@ -113,10 +114,11 @@ impl Store {
                 bad.day_ms
             );
         }
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let Writer { conn, series_ids, .. } = &mut *w;
+        let mut w = self.writer()?;
+        let Writer { conn, series_ids, offline, .. } = &mut *w;
         let mut created = NewSeries::default();
-        match write_day_aggregates(conn, series_ids, &mut created, rows) {
+        let tx = Unit::begin(conn, *offline)?;
+        match write_day_aggregates(tx, series_ids, &mut created, rows) {
             Ok(()) => {
                 created.publish(&self.catalog);
                 self.changed();
@@ -140,7 +142,7 @@ impl Store {
         minute_days: u32,
         day_days: u32,
     ) -> Result<usize> {
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.writer()?;
         let raw_cutoff = now_ms - raw_days as i64 * DAY_MS;
         let mut n = w.conn.execute("DELETE FROM samples WHERE ts_ms < ?1", [raw_cutoff])?;
         // A block goes once all of its span is past the cutoff.
@@ -190,12 +192,11 @@ impl Store {
 
 /// [`Store::insert_day_aggregates`]' transaction.
 fn write_day_aggregates(
-    conn: &mut rusqlite::Connection,
+    tx: Unit<'_>,
     series_ids: &mut SeriesIds,
     created: &mut NewSeries,
     rows: &[DayAggregate],
 ) -> Result<()> {
-    let tx = conn.savepoint()?;
     {
         let mut new_series = tx.prepare_cached(INSERT_SERIES)?;
         let mut upsert = tx.prepare_cached(UPSERT_DAY)?;

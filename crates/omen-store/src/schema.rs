@@ -123,7 +123,7 @@ impl Store {
 
     /// Writes a value to the meta table.
     pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
-        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let w = self.writer()?;
         w.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", params![key, value])?;
         Ok(())
     }
@@ -138,7 +138,7 @@ impl Store {
 
     /// Stores a canary's reference answer (first capture wins).
     pub fn set_canary_reference(&self, canary: &str, reference: &str, now_ms: i64) -> Result<()> {
-        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let w = self.writer()?;
         w.conn.execute(
             "INSERT OR IGNORE INTO canary_reference (canary, reference, captured_ms) VALUES (?1, ?2, ?3)",
             params![canary, reference, now_ms],
