@@ -116,8 +116,17 @@ impl Store {
                 if let Some(ts) = samples.iter().map(|s| s.ts_ms).max() {
                     self.latest_stored_ts.fetch_max(ts, Ordering::Relaxed);
                 }
-                // The batch is committed either way; a failure here only keeps log rows longer.
+                // The agent's batch is committed either way; a failure here only keeps log
+                // rows longer. An offline store's failure rolled the batch back with the rest
+                // of its held writes: that is the batch's error.
                 if let Err(e) = close_stale_minutes(&mut w) {
+                    if w.usable().is_err() {
+                        let Writer { series_ids, .. } = &mut *w;
+                        created.forget(series_ids);
+                        return Err(e.context(
+                            "the batch was written, then lost with the offline store's held writes",
+                        ));
+                    }
                     tracing::warn!(
                         "store {}: stale open minutes not written yet: {e:#}",
                         self.path.display()
@@ -324,33 +333,73 @@ mod tests {
 
     #[test]
     fn an_offline_store_that_fails_a_write_refuses_further_use_and_keeps_its_last_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("omen.db");
-        let t0 = 1_793_577_600_000;
-        {
-            let store = Store::open_offline(&path).unwrap();
-            store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
-            assert_eq!(store.count("kv").unwrap(), 2, "a read commits the held writes");
-            store.insert(&[sample(t0 + 2000, "kv", "0", 3.0)]).unwrap();
-            set_max_pages(&store, None);
-            let failed = store.insert(&filling_batch(t0 + 60_000)).unwrap_err();
-            assert!(format!("{failed:#}").contains("full"), "{failed:#}");
-            set_max_pages(&store, Some(1 << 30));
-            for e in [
-                store.insert(&[sample(t0 + 3000, "kv", "0", 4.0)]).unwrap_err(),
-                store.count("kv").unwrap_err(),
-                store.flush().unwrap_err(),
-            ] {
-                let e = e.to_string();
-                assert!(e.contains("lost its held writes") && e.contains("omen.db"), "{e}");
+        // A full disk (SQLite may end the transaction itself), and a statement that fails
+        // alone (SQLite keeps the transaction: the store must roll it back).
+        let full_disk = |store: &Store, ts: i64| {
+            set_max_pages(store, None);
+            filling_batch(ts)
+        };
+        let refused_row = |store: &Store, ts: i64| {
+            store
+                .writer
+                .lock()
+                .unwrap()
+                .conn
+                .execute_batch(&format!(
+                    "CREATE TEMP TRIGGER refuse AFTER INSERT ON samples WHEN NEW.ts_ms = {ts} \
+                     BEGIN SELECT RAISE(ABORT, 'refused for the test'); END"
+                ))
+                .unwrap();
+            vec![sample(ts, "kv", "0", 5.0), sample(ts, "kv", "new", 1.0)]
+        };
+        // The batch writes, then writing a stale open minute after it fails: the batch is lost too.
+        let refused_stale_minute = |store: &Store, ts: i64| {
+            store
+                .writer
+                .lock()
+                .unwrap()
+                .conn
+                .execute_batch(&format!(
+                    "CREATE TEMP TRIGGER refuse AFTER INSERT ON minute_agg WHEN NEW.minute_ms = {} \
+                     BEGIN SELECT RAISE(ABORT, 'refused for the test'); END",
+                    ts - 60_000
+                ))
+                .unwrap();
+            vec![sample(ts + 60_000, "other", "0", 1.0)]
+        };
+        for (fail, says) in [
+            (&full_disk as &dyn Fn(&Store, i64) -> Vec<Sample>, "full"),
+            (&refused_row, "refused"),
+            (&refused_stale_minute, "lost with the offline store's held writes"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("omen.db");
+            let t0 = 1_793_577_600_000;
+            {
+                let store = Store::open_offline(&path).unwrap();
+                store.insert(&[sample(t0, "kv", "0", 1.0), sample(t0 + 1000, "kv", "0", 2.0)]).unwrap();
+                assert_eq!(store.count("kv").unwrap(), 2, "a read commits the held writes");
+                store.insert(&[sample(t0 + 2000, "kv", "0", 3.0)]).unwrap();
+                let failed = store.insert(&fail(&store, t0 + 60_000)).unwrap_err();
+                assert!(format!("{failed:#}").contains(says), "{failed:#}");
+                set_max_pages(&store, Some(1 << 30));
+                for e in [
+                    store.insert(&[sample(t0 + 3000, "kv", "0", 4.0)]).unwrap_err(),
+                    store.count("kv").unwrap_err(),
+                    store.latest_ts().unwrap_err(),
+                    store.flush().unwrap_err(),
+                ] {
+                    let e = e.to_string();
+                    assert!(e.contains("lost its held transaction") && e.contains("omen.db"), "{e}");
+                }
             }
+            // Reopened (as the agent would), it holds what its last commit point held.
+            let store = Store::open(&path).unwrap();
+            assert_eq!(store.count("kv").unwrap(), 2, "{says}");
+            let series: i64 =
+                store.reader().unwrap().query_row("SELECT COUNT(*) FROM series", [], |r| r.get(0)).unwrap();
+            assert_eq!(series, 1, "the failed batch's series are gone ({says})");
         }
-        // Reopened (as the agent would), it holds what its last commit point held.
-        let store = Store::open(&path).unwrap();
-        assert_eq!(store.count("kv").unwrap(), 2);
-        let series: i64 =
-            store.reader().unwrap().query_row("SELECT COUNT(*) FROM series", [], |r| r.get(0)).unwrap();
-        assert_eq!(series, 1, "the failed batch's series are gone");
     }
 
     /// Caps the writer's database at `pages` (None: the pages it has now), as a full disk would.

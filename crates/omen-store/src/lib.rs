@@ -13,7 +13,7 @@
 //! holds its writes in one open transaction and commits before every read, on flush and
 //! every [`HELD_WRITES_MAX`] batches: a replay commits about once an hour of trace time
 //! instead of three times a minute, and reads see every write made before them. Its
-//! batches write without a savepoint ([`Unit`]), so a write that fails part-way loses the
+//! batches write without a savepoint (`Unit`), so a write that fails part-way loses the
 //! writes held since the last commit point, and the store then refuses further use.
 //!
 //! Modules: `schema` (tables, connections, meta rows), `minutes` (minute folding, the
@@ -131,8 +131,9 @@ impl Writer {
     fn usable(&self) -> Result<()> {
         if self.offline && self.conn.is_autocommit() {
             anyhow::bail!(
-                "the offline store {} lost its held writes when an earlier write failed (see that error); \
-                 it cannot be read or written any more: rebuild it by running the replay again",
+                "the offline store {} lost its held transaction: an earlier write failed and rolled \
+                 its held writes back (see that error); it cannot be read or written any more: \
+                 rebuild it by running the replay again",
                 self.conn.path().unwrap_or("(in memory)")
             );
         }
@@ -324,12 +325,19 @@ impl Drop for Store {
     /// Writes the open minutes; a failure here only costs what a `kill -9` would.
     fn drop(&mut self) {
         let w = self.writer.get_mut().unwrap_or_else(|e| e.into_inner());
-        if w.usable().is_err() {
-            return; // its writes are gone; nothing written now would be whole
+        if let Err(e) = w.usable() {
+            // Its writes are gone; nothing written now would be whole.
+            tracing::warn!("store {}: closed without writing: {e:#}", self.path.display());
+            return;
         }
         if let Err(e) = flush_open_minutes(w) {
+            let lost = if w.usable().is_err() {
+                ", and the offline store's held writes were lost with them"
+            } else {
+                ""
+            };
             tracing::warn!(
-                "store {}: open minute aggregates not written at close: {e:#}",
+                "store {}: open minute aggregates not written at close{lost}: {e:#}",
                 self.path.display()
             );
         }

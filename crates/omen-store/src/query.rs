@@ -379,6 +379,10 @@ impl Store {
     /// Latest timestamp stored, raw or folded into a minute aggregate, if any (kept in
     /// memory: every /scores request asks; after a restart, the newest raw row's).
     pub fn latest_ts(&self) -> Result<Option<i64>> {
+        if self.offline {
+            // An offline store that lost its held writes no longer knows its newest sample.
+            drop(self.writer()?);
+        }
         Ok(Some(self.latest_stored_ts.load(Ordering::Relaxed)).filter(|&t| t != i64::MIN))
     }
 }
