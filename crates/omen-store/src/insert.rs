@@ -340,31 +340,12 @@ mod tests {
             filling_batch(ts)
         };
         let refused_row = |store: &Store, ts: i64| {
-            store
-                .writer
-                .lock()
-                .unwrap()
-                .conn
-                .execute_batch(&format!(
-                    "CREATE TEMP TRIGGER refuse AFTER INSERT ON samples WHEN NEW.ts_ms = {ts} \
-                     BEGIN SELECT RAISE(ABORT, 'refused for the test'); END"
-                ))
-                .unwrap();
+            refuse_rows(store, "samples", "ts_ms", ts);
             vec![sample(ts, "kv", "0", 5.0), sample(ts, "kv", "new", 1.0)]
         };
         // The batch writes, then writing a stale open minute after it fails: the batch is lost too.
         let refused_stale_minute = |store: &Store, ts: i64| {
-            store
-                .writer
-                .lock()
-                .unwrap()
-                .conn
-                .execute_batch(&format!(
-                    "CREATE TEMP TRIGGER refuse AFTER INSERT ON minute_agg WHEN NEW.minute_ms = {} \
-                     BEGIN SELECT RAISE(ABORT, 'refused for the test'); END",
-                    ts - 60_000
-                ))
-                .unwrap();
+            refuse_rows(store, "minute_agg", "minute_ms", ts - 60_000);
             vec![sample(ts + 60_000, "other", "0", 1.0)]
         };
         for (fail, says) in [
@@ -400,6 +381,16 @@ mod tests {
                 store.reader().unwrap().query_row("SELECT COUNT(*) FROM series", [], |r| r.get(0)).unwrap();
             assert_eq!(series, 1, "the failed batch's series are gone ({says})");
         }
+    }
+
+    /// Makes SQLite refuse (abort) the statement that inserts a row of `table` whose
+    /// `column` is `value`, leaving the transaction open.
+    fn refuse_rows(store: &Store, table: &str, column: &str, value: i64) {
+        let sql = format!(
+            "CREATE TEMP TRIGGER refuse AFTER INSERT ON {table} WHEN NEW.{column} = {value} \
+             BEGIN SELECT RAISE(ABORT, 'refused for the test'); END"
+        );
+        store.writer.lock().unwrap().conn.execute_batch(&sql).unwrap();
     }
 
     /// Caps the writer's database at `pages` (None: the pages it has now), as a full disk would.
