@@ -107,7 +107,24 @@ impl Store {
         let mut w = self.writer()?;
         let mut created = NewSeries::default();
         let mut undo: Vec<(i64, SeriesMinutes)> = Vec::with_capacity(samples.len());
-        let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids);
+        let result = insert_batch(&mut w, &mut created, &mut undo, samples, keep_raw, ids).and_then(|()| {
+            // The agent's batch is committed either way; a failure here only keeps log rows
+            // longer. An offline store's failure rolled the batch back with the rest of its
+            // held writes: that is the batch's error.
+            match close_stale_minutes(&mut w) {
+                Err(e) if w.usable().is_err() => {
+                    Err(e.context("the batch was written, then lost with the offline store's held writes"))
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "store {}: stale open minutes not written yet: {e:#}",
+                        self.path.display()
+                    );
+                    Ok(())
+                }
+                Ok(()) => Ok(()),
+            }
+        });
         match result {
             Ok(()) => {
                 // Decimated samples are stored too (in their minute's aggregate): "now" for
@@ -115,22 +132,6 @@ impl Store {
                 // a sample decimated into a new minute would fall outside `now-…` windows.
                 if let Some(ts) = samples.iter().map(|s| s.ts_ms).max() {
                     self.latest_stored_ts.fetch_max(ts, Ordering::Relaxed);
-                }
-                // The agent's batch is committed either way; a failure here only keeps log
-                // rows longer. An offline store's failure rolled the batch back with the rest
-                // of its held writes: that is the batch's error.
-                if let Err(e) = close_stale_minutes(&mut w) {
-                    if w.usable().is_err() {
-                        let Writer { series_ids, .. } = &mut *w;
-                        created.forget(series_ids);
-                        return Err(e.context(
-                            "the batch was written, then lost with the offline store's held writes",
-                        ));
-                    }
-                    tracing::warn!(
-                        "store {}: stale open minutes not written yet: {e:#}",
-                        self.path.display()
-                    );
                 }
                 self.changed();
                 created.publish(&self.catalog);
@@ -143,8 +144,8 @@ impl Store {
                 Ok(())
             }
             Err(e) => {
-                // The transaction rolled back: ids handed out inside it are void, and the
-                // open minutes go back to what was committed.
+                // The batch rolled back: ids handed out inside it are void, and the open
+                // minutes go back to what was committed.
                 let Writer { series_ids, minutes, .. } = &mut *w;
                 created.forget(series_ids);
                 // Newest first, so that each series ends at its state before the batch.
